@@ -1,0 +1,121 @@
+"""Backend choice and the bridge between the fused kernels and autograd."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
+import torch
+
+from . import _config
+from ._validation import Prepared
+from .scan import linear_scan, torch_scan
+
+BACKENDS = ("auto", "torch", "triton")
+_backend: contextvars.ContextVar[str] = contextvars.ContextVar("rl_triton_backend", default="auto")
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Context manager choosing how calls inside it run.
+
+    ``"auto"`` (the default): CUDA tensors run the Triton kernels; CPU tensors run the PyTorch
+    path, or the kernels in Triton's interpreter when ``TRITON_INTERPRET=1`` was set before
+    import. ``"torch"``: the PyTorch path on any device. ``"triton"``: the kernels (CPU tensors
+    need ``TRITON_INTERPRET=1``).
+
+    >>> import torch, rl_triton
+    >>> with rl_triton.use_backend("torch"):
+    ...     adv = rl_triton.compute_gae(torch.ones(4), torch.zeros(4), torch.zeros(4), gamma=0.9, lambda_=1.0)
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"use_backend: name must be one of {BACKENDS}, got {name!r}")
+    token = _backend.set(name)
+    try:
+        yield
+    finally:
+        _backend.reset(token)
+
+
+def current_backend() -> str:
+    return _backend.get()
+
+
+def use_kernels(device: torch.device) -> bool:
+    choice = _backend.get()
+    if choice == "torch":
+        return False
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu" and _config.INTERPRET:
+        return True
+    if choice == "triton":
+        raise RuntimeError(
+            f"rl_triton: backend 'triton' was requested for tensors on {device}; the kernels run on CUDA "
+            "tensors, or on CPU tensors when TRITON_INTERPRET=1 is set before importing rl_triton"
+        )
+    return False
+
+
+TorchAlgo = Callable[..., tuple]
+
+
+def _kernel_scan(a, b, init, reverse):
+    from .kernels.launch import linear_scan as raw
+
+    return linear_scan(a, b, init, reverse, raw)
+
+
+def _torch_scan(a, b, init, reverse):
+    return linear_scan(a, b, init, reverse, torch_scan)
+
+
+def run(
+    p: Prepared,
+    algo: TorchAlgo,
+    scalars: dict,
+    kernel: Callable[[], tuple],
+    differentiable: tuple[str, ...],
+    n_out: int,
+) -> tuple[torch.Tensor, ...]:
+    """Runs one validated call on the chosen backend and returns its outputs (2-D)."""
+    if p.empty:
+        return tuple(p.new_output() for _ in range(n_out))
+    if not use_kernels(p.device):
+        outs = algo(p.tensors, scalars, p.acc_dtype, _torch_scan)
+        return tuple(o.to(p.dtype) for o in outs)
+    names = [n for n in differentiable if p.tensors.get(n) is not None]
+    if torch.is_grad_enabled() and any(p.tensors[n].requires_grad for n in names):
+        return _KernelWithGrad.apply(p, algo, scalars, kernel, names, *[p.tensors[n] for n in names])
+    return kernel()
+
+
+class _KernelWithGrad(torch.autograd.Function):
+    """Forward: the fused kernel. Backward: the PyTorch prologue/epilogue re-run under autograd,
+    with the recurrence and its adjoint computed by the scan kernel."""
+
+    @staticmethod
+    def forward(ctx, p, algo, scalars, kernel, names, *tensors):
+        ctx.save_for_backward(*tensors)
+        ctx.meta = (p, algo, scalars, names)
+        return kernel()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        p, algo, scalars, names = ctx.meta
+        needs = ctx.needs_input_grad[5:]
+        with torch.enable_grad():
+            inputs = dict(p.tensors)
+            leaves = []
+            for name, x, need in zip(names, ctx.saved_tensors, needs, strict=True):
+                x = x.detach().requires_grad_(need)
+                inputs[name] = x
+                if need:
+                    leaves.append(x)
+            outs = [o.to(p.dtype) for o in algo(inputs, scalars, p.acc_dtype, _kernel_scan)]
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+            found = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+        found = iter(found)
+        return (None,) * 5 + tuple(next(found) if need else None for need in needs)

@@ -1,0 +1,260 @@
+"""Argument checking and layout normalisation at the public boundary.
+
+Every public ``compute_*`` function funnels its tensors through :func:`prepare`, which checks
+ranks, shapes, devices and dtypes (raising ``ValueError``/``TypeError`` that name the argument),
+turns 1-D calls into one-env 2-D calls, and makes each tensor contiguous (warning when that copies
+and ``RL_TRITON_PERF_WARNINGS`` is set). Flags are kept in their stored dtype; ``bool`` flags are
+reinterpreted as ``uint8`` without a copy so the kernels can read them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from . import _config
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+@dataclass
+class Prepared:
+    """A validated call: 2-D contiguous tensors plus what is needed to shape the outputs."""
+
+    fn: str
+    num_envs: int
+    seq_len: int
+    dtype: torch.dtype
+    device: torch.device
+    squeeze: bool  # the caller passed 1-D (seq_len,) tensors
+    tensors: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    num_actions: int = 0
+
+    @property
+    def acc_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    @property
+    def empty(self) -> bool:
+        return self.num_envs == 0 or self.seq_len == 0
+
+    def new_output(self) -> torch.Tensor:
+        return torch.empty((self.num_envs, self.seq_len), dtype=self.dtype, device=self.device)
+
+    def finish(self, out: torch.Tensor) -> torch.Tensor:
+        return out.squeeze(0) if self.squeeze else out
+
+
+def scalar(name: str, value, *, lo: float | None = 0.0, hi: float | None = 1.0) -> float:
+    """Turns a Python number or a 0-d tensor into a float and checks its range."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dim() > 1:
+            raise ValueError(f"{name} must be a Python float or a 0-d tensor, got a tensor of {_describe(value)}")
+        if value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be real, got dtype {value.dtype}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number or a 0-d tensor, got {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be in {bounds}, got {value}")
+    return value
+
+
+def _perf_warn(name: str, what: str) -> None:
+    if _config.PERF_WARNINGS:
+        warnings.warn(
+            f"rl_triton: {what} of '{name}' on every call; make it contiguous (.contiguous()) once before "
+            "the hot loop to avoid the copy",
+            stacklevel=4,
+        )
+
+
+def _contiguous(name: str, t: torch.Tensor) -> torch.Tensor:
+    if t.is_contiguous():
+        return t
+    _perf_warn(name, "implicit .contiguous() copy")
+    return t.contiguous()
+
+
+def prepare(
+    fn: str,
+    *,
+    steps: dict[str, torch.Tensor | None],
+    flags: dict[str, torch.Tensor | None],
+    per_env: dict[str, torch.Tensor | None] | None = None,
+    per_action: dict[str, torch.Tensor | None] | None = None,
+    actions: tuple[str, torch.Tensor] | None = None,
+    required: tuple[str, ...] = (),
+) -> Prepared:
+    """Validates and normalises the tensors of one call.
+
+    ``steps`` are float per-step tensors of shape (N, T) or (T,); the first one fixes the shape.
+    ``flags`` are per-step flags of any dtype; ``per_env`` float tensors of shape (N,) (or () for
+    1-D calls); ``per_action`` float tensors of shape (N, T, A); ``actions`` an integer (N, T)
+    tensor indexing the last dim of the ``per_action`` tensors. ``required`` names arguments that
+    must not be None.
+    """
+    per_env = per_env or {}
+    per_action = per_action or {}
+    everything = {**steps, **flags, **per_env, **per_action}
+    if actions is not None:
+        everything[actions[0]] = actions[1]
+    for name in required:
+        if everything.get(name) is None:
+            raise ValueError(f"{fn}: '{name}' is required")
+    for name, t in everything.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+
+    # Shape reference: the first given per-step tensor.
+    ref_name, ref = next((n, t) for n, t in {**steps, **flags}.items() if t is not None)
+    if ref.dim() not in (1, 2):
+        raise ValueError(
+            f"{fn}: '{ref_name}' must have shape (num_envs, seq_len) or (seq_len,), got {_describe(ref)}"
+        )
+    squeeze = ref.dim() == 1
+    step_shape = tuple(ref.shape)
+    env_shape = () if squeeze else (step_shape[0],)
+    device = ref.device
+
+    for name, t in everything.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"{fn}: '{name}' is on {t.device} but '{ref_name}' is on {device}")
+
+    def check_shape(name: str, t: torch.Tensor, expected: tuple, what: str) -> None:
+        if tuple(t.shape) != expected:
+            raise ValueError(
+                f"{fn}: '{name}' must have shape {expected} ({what}) like '{ref_name}', got {_describe(t)}"
+            )
+
+    # Float dtypes: one per call.
+    dtype = None
+    dtype_owner = None
+    for name, t in {**steps, **per_env, **per_action}.items():
+        if t is None:
+            continue
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(
+                f"{fn}: '{name}' must be a floating tensor (float16, bfloat16, float32 or float64), got {_describe(t)}"
+            )
+        if dtype is None:
+            dtype, dtype_owner = t.dtype, name
+        elif t.dtype != dtype:
+            raise TypeError(
+                f"{fn}: all float inputs must share one dtype; '{name}' is {t.dtype} but '{dtype_owner}' is {dtype}"
+            )
+
+    for name, t in {**steps, **flags}.items():
+        if t is not None:
+            check_shape(name, t, step_shape, "per-step")
+    for name, t in per_env.items():
+        if t is not None:
+            check_shape(name, t, env_shape, "per-env")
+    num_actions = 0
+    for name, t in per_action.items():
+        if t is None:
+            continue
+        if t.dim() != len(step_shape) + 1 or tuple(t.shape[:-1]) != step_shape:
+            raise ValueError(
+                f"{fn}: '{name}' must have shape {step_shape + ('num_actions',)} (per-step, per-action), "
+                f"got {_describe(t)}"
+            )
+        if num_actions and t.shape[-1] != num_actions:
+            raise ValueError(f"{fn}: '{name}' has {t.shape[-1]} actions but another action tensor has {num_actions}")
+        num_actions = t.shape[-1]
+    for name, t in flags.items():
+        if t is not None and (t.is_complex() or t.dtype in (torch.complex64, torch.complex128)):
+            raise TypeError(f"{fn}: flag '{name}' must be bool, integer or float, got {_describe(t)}")
+
+    out = Prepared(
+        fn=fn,
+        num_envs=1 if squeeze else step_shape[0],
+        seq_len=step_shape[-1],
+        dtype=dtype if dtype is not None else torch.float32,
+        device=device,
+        squeeze=squeeze,
+        num_actions=num_actions,
+    )
+
+    if actions is not None:
+        name, act = actions
+        if act.dtype.is_floating_point or act.dtype == torch.bool or act.is_complex():
+            raise TypeError(f"{fn}: '{name}' must be an integer tensor (int64), got {_describe(act)}")
+        check_shape(name, act, step_shape, "per-step")
+        if act.device.type == "cpu" and act.numel() and num_actions:
+            lo, hi = int(act.min()), int(act.max())
+            if lo < 0 or hi >= num_actions:
+                raise ValueError(
+                    f"{fn}: '{name}' must index the last dim of the action tensors (0 <= a < {num_actions}), "
+                    f"got values in [{lo}, {hi}]"
+                )
+        everything[name] = act
+
+    lead = (lambda t: t.unsqueeze(0)) if squeeze else (lambda t: t)
+    for name, t in everything.items():
+        if t is None:
+            out.tensors[name] = None
+            continue
+        t = _contiguous(name, lead(t))
+        if t.dtype == torch.bool:
+            t = t.view(torch.uint8)  # same bytes, readable by the kernels
+        out.tensors[name] = t
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Opt-in data checks (RL_TRITON_CORRECTNESS_WARNINGS=1). Each costs a pass over the data and a
+# host sync, which is why they are off by default.
+
+
+def _warn(fn: str, msg: str) -> None:
+    warnings.warn(f"rl_triton.{fn}: {msg}", stacklevel=4)
+
+
+def check_data(p: Prepared, *, term: str | None = None, trunc: str | None = None, boot: str | None = None) -> None:
+    """Warns on flags that are not 0/1, steps both terminated and truncated, and bootstrap values
+    that are nonzero at steps where they are never read."""
+    if not _config.CORRECTNESS_WARNINGS or p.empty:
+        return
+    t = p.tensors
+    for name in ("terminateds", "truncateds", "dones"):
+        f = t.get(name)
+        if f is not None and bool(((f != 0) & (f != 1)).any()):
+            _warn(p.fn, f"'{name}' holds values other than 0 and 1; any nonzero value is taken as set")
+    if term and trunc and t.get(term) is not None and t.get(trunc) is not None:
+        if bool(((t[term] != 0) & (t[trunc] != 0)).any()):
+            _warn(p.fn, f"a step is flagged both '{term}' and '{trunc}'; it is treated as a termination")
+    if boot and t.get(boot) is not None:
+        interior = torch.ones_like(t[boot], dtype=torch.bool)
+        interior[:, -1] = False
+        if trunc and t.get(trunc) is not None:
+            interior &= t[trunc] == 0
+        if bool((t[boot].masked_fill(~interior, 0) != 0).any()):
+            _warn(
+                p.fn,
+                f"'{boot}' is nonzero at steps that are neither truncated nor the last step; those entries are "
+                "ignored (bootstrap values are read only at boundary steps)",
+            )
+
+
+def check_probabilities(p: Prepared, names: tuple[str, ...], behaviour: str) -> None:
+    if not _config.CORRECTNESS_WARNINGS or p.empty:
+        return
+    for name in (*names, behaviour):
+        x = p.tensors.get(name)
+        if x is not None and bool(((x < 0) | (x > 1)).any()):
+            _warn(p.fn, f"'{name}' holds values outside [0, 1]; it must hold probabilities")
+    if bool((p.tensors[behaviour] == 0).any()):
+        _warn(p.fn, f"'{behaviour}' is zero at some step: the importance ratio there is infinite")

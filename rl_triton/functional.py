@@ -1,0 +1,462 @@
+"""The public functional API: seven credit-assignment functions.
+
+Every function validates its arguments (``ValueError``/``TypeError`` naming the argument), then
+runs either the fused Triton kernels (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``) or
+the PyTorch path (other CPU tensors); see :func:`rl_triton.use_backend`. The formulas are those of
+SEMANTICS.md and are repeated in each docstring. Conventions shared by all functions:
+
+* Per-step tensors are ``(num_envs, seq_len)``, or ``(seq_len,)`` for one env (the result then
+  has the same 1-D shape). Time runs along the last dim, ``t = 0 .. T-1``.
+* Flags (``terminateds``, ``truncateds``, ``dones``) may be bool, integer or floating 0/1; nonzero
+  means set. ``done_t = term_t OR trunc_t``; no recursion crosses a done step.
+* A boundary step takes its continuation value from outside the buffer:
+  ``boundary_t = trunc_t OR t == T-1``. ``boot_t`` is ``bootstrap_values[:, t]`` (``last_value``
+  fills only ``t = T-1``; zero when neither is given) and is read only at boundary steps.
+* Float inputs share one dtype (float16, bfloat16, float32 or float64); outputs have that dtype;
+  accumulation is float32 (float64 for float64 inputs). Inputs are never modified.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from ._dispatch import run
+from ._validation import check_data, check_probabilities, prepare, scalar
+
+_BOOT_DIFF = ("bootstrap_values", "last_value")
+
+
+def _check_bootstrap(fn: str, truncateds, bootstrap_values, last_value) -> None:
+    if last_value is not None and bootstrap_values is not None:
+        raise ValueError(f"{fn}: pass either 'last_value' or 'bootstrap_values', not both")
+    if last_value is not None and truncateds is not None:
+        raise ValueError(
+            f"{fn}: 'last_value' cannot be combined with 'truncateds' (interior truncations need per-step "
+            "bootstrap values): pass 'bootstrap_values' instead"
+        )
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminateds: torch.Tensor,
+    truncateds: torch.Tensor | None = None,
+    *,
+    gamma: float,
+    lambda_: float,
+    bootstrap_values: torch.Tensor | None = None,
+    last_value: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Generalized Advantage Estimation (Schulman et al., 2016).
+
+    ::
+
+        v_next_t = boot_t if boundary_t else values_{t+1}
+        delta_t  = r_t + gamma (1 - term_t) v_next_t - values_t
+        A_t      = delta_t + gamma lambda (1 - done_t) A_{t+1},    A_T = 0
+
+    Args:
+        rewards: ``(N, T)`` float, r_t received after acting at step t.
+        values: ``(N, T)`` float, V(s_t).
+        terminateds: ``(N, T)`` flags, 1 where the episode truly ended at step t.
+        truncateds: optional ``(N, T)`` flags, 1 where a time limit cut the episode at step t.
+        gamma: discount in [0, 1]. lambda_: GAE lambda in [0, 1] (Python float or 0-d tensor).
+        bootstrap_values: optional ``(N, T)`` float, V(s_{t+1}) at truncated steps and at the last
+            step when the window ends mid-episode (read only at those steps).
+        last_value: optional ``(N,)`` float, V(s_T) for the last step only; exclusive with
+            ``bootstrap_values`` and with ``truncateds``.
+
+    Returns:
+        advantages, ``(N, T)`` in the input dtype.
+
+    Example::
+
+        >>> import torch, rl_triton
+        >>> r, v = torch.ones(2, 3), torch.zeros(2, 3)
+        >>> rl_triton.compute_gae(r, v, torch.zeros(2, 3), gamma=0.5, lambda_=1.0)[0]
+        tensor([1.7500, 1.5000, 1.0000])
+    """
+    fn = "compute_gae"
+    _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
+    s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
+    p = prepare(
+        fn,
+        steps={"rewards": rewards, "values": values, "bootstrap_values": bootstrap_values},
+        flags={"terminateds": terminateds, "truncateds": truncateds},
+        per_env={"last_value": last_value},
+        required=("rewards", "values", "terminateds"),
+    )
+    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
+
+    def kernel():
+        from .kernels import launch
+
+        return (launch.gae(p, s["gamma"], s["lambda_"]),)
+
+    (adv,) = run(p, reference.gae, s, kernel, ("rewards", "values", *_BOOT_DIFF), 1)
+    return p.finish(adv)
+
+
+def compute_vtrace(
+    log_pi_target: torch.Tensor,
+    log_pi_behavior: torch.Tensor,
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    terminateds: torch.Tensor,
+    truncateds: torch.Tensor | None = None,
+    *,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    bootstrap_values: torch.Tensor | None = None,
+    last_value: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace targets and policy-gradient advantages (Espeholt et al., 2018).
+
+    ::
+
+        ratio_t = exp(log_pi_target_t - log_pi_behavior_t)
+        rho_t = min(rho_bar, ratio_t),   c_t = min(c_bar, ratio_t)
+        v_next_t = boot_t if boundary_t else values_{t+1}
+        delta_t = rho_t (r_t + gamma (1 - term_t) v_next_t - values_t)
+        D_t = delta_t + gamma c_t (1 - done_t) D_{t+1},   D_T = 0
+        vs_t = values_t + D_t
+        q_t = v_next_t if boundary_t else vs_{t+1}
+        advantages_t = rho_t (r_t + gamma (1 - term_t) q_t - values_t)
+
+    At a truncated step the advantage bootstraps from the true continuation value, never from the
+    next episode's ``vs``.
+
+    Args:
+        log_pi_target, log_pi_behavior: ``(N, T)`` float, log-probabilities of the taken action a_t
+            under the target (learner) and behaviour (actor) policies. Treated as constants for
+            autograd (no gradient flows to them), as IMPALA stops gradients through rho and c.
+        values: ``(N, T)`` float, V(s_t). rewards: ``(N, T)`` float, r_t.
+        terminateds, truncateds, bootstrap_values, last_value: as in :func:`compute_gae`.
+        gamma: discount in [0, 1]. rho_bar, c_bar: clipping thresholds (>= 0; default 1).
+
+    Returns:
+        ``(vs, advantages)``, each ``(N, T)`` in the input dtype.
+
+    Example::
+
+        >>> import torch, rl_triton
+        >>> z = torch.zeros(1, 3)
+        >>> vs, adv = rl_triton.compute_vtrace(z, z, z, torch.ones(1, 3), z, gamma=0.5)
+        >>> vs[0]
+        tensor([1.7500, 1.5000, 1.0000])
+    """
+    fn = "compute_vtrace"
+    _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
+    s = {
+        "gamma": scalar("gamma", gamma),
+        "rho_bar": scalar("rho_bar", rho_bar, hi=None),
+        "c_bar": scalar("c_bar", c_bar, hi=None),
+    }
+    p = prepare(
+        fn,
+        steps={
+            "log_pi_target": log_pi_target,
+            "log_pi_behavior": log_pi_behavior,
+            "values": values,
+            "rewards": rewards,
+            "bootstrap_values": bootstrap_values,
+        },
+        flags={"terminateds": terminateds, "truncateds": truncateds},
+        per_env={"last_value": last_value},
+        required=("log_pi_target", "log_pi_behavior", "values", "rewards", "terminateds"),
+    )
+    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
+
+    def kernel():
+        from .kernels import launch
+
+        return launch.vtrace(p, s["gamma"], s["rho_bar"], s["c_bar"])
+
+    vs, adv = run(p, reference.vtrace, s, kernel, ("rewards", "values", *_BOOT_DIFF), 2)
+    return p.finish(vs), p.finish(adv)
+
+
+def compute_retrace(
+    action_probs_target: torch.Tensor,
+    action_probs_behavior: torch.Tensor,
+    q_values: torch.Tensor,
+    next_q_values_all: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    terminateds: torch.Tensor,
+    truncateds: torch.Tensor,
+    *,
+    gamma: float,
+    lambda_: float = 1.0,
+    c_bar: float = 1.0,
+    rho_bar: float = 1.0,
+    next_action_probs_target: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Retrace(lambda) Q targets and advantages for discrete actions (Munos et al., 2016).
+
+    ::
+
+        pi_t = action_probs_target[t, actions_t],   ratio_t = pi_t / action_probs_behavior_t
+        c_t = lambda min(c_bar, ratio_t),   rho_t = min(rho_bar, ratio_t)
+        E_t = sum_a w[t, a] next_q_values_all[t, a]     (w = next_action_probs_target if given,
+                                                          else action_probs_target)
+        delta_t = r_t + gamma (1 - term_t) E_t - q_values_t
+        Delta_t = delta_t + gamma c_{t+1} (1 - done_t) Delta_{t+1},   c_T = 0,  Delta_T = 0
+        q_targets_t = q_values_t + Delta_t
+        X_t = E_t if boundary_t else q_targets_{t+1}
+        advantages_t = rho_t (r_t + gamma (1 - term_t) X_t - q_values_t)
+
+    Args:
+        action_probs_target: ``(N, T, A)`` float, the full target distribution pi(. | s_t).
+        action_probs_behavior: ``(N, T)`` float, mu(a_t | s_t) of the taken action only.
+        q_values: ``(N, T)`` float, Q(s_t, a_t).
+        next_q_values_all: ``(N, T, A)`` float, Q(s_{t+1}, .) for every step including the last
+            (the continuation at boundaries is embedded here; there is no bootstrap argument).
+        actions: ``(N, T)`` int64 in [0, A). On CPU an out-of-range action is a ValueError; on CUDA
+            it is not checked (that would need a host sync) and makes that step's outputs NaN.
+        rewards: ``(N, T)`` float. terminateds, truncateds: ``(N, T)`` flags (truncateds required).
+        gamma: discount in [0, 1]; lambda_ in [0, 1]; c_bar, rho_bar >= 0.
+        next_action_probs_target: optional ``(N, T, A)`` float, pi(. | s_{t+1}), replacing the row-t
+            distribution in E_t for callers who have it.
+
+    Probabilities are treated as constants for autograd; gradients flow to ``q_values``,
+    ``next_q_values_all`` and ``rewards``.
+
+    Returns:
+        ``(q_targets, advantages)``, each ``(N, T)`` in the input dtype.
+    """
+    fn = "compute_retrace"
+    s = {
+        "gamma": scalar("gamma", gamma),
+        "lambda_": scalar("lambda_", lambda_),
+        "c_bar": scalar("c_bar", c_bar, hi=None),
+        "rho_bar": scalar("rho_bar", rho_bar, hi=None),
+    }
+    p = prepare(
+        fn,
+        steps={"action_probs_behavior": action_probs_behavior, "q_values": q_values, "rewards": rewards},
+        flags={"terminateds": terminateds, "truncateds": truncateds},
+        per_action={
+            "action_probs_target": action_probs_target,
+            "next_q_values_all": next_q_values_all,
+            "next_action_probs_target": next_action_probs_target,
+        },
+        actions=("actions", actions),
+        required=(
+            "action_probs_target",
+            "action_probs_behavior",
+            "q_values",
+            "next_q_values_all",
+            "actions",
+            "rewards",
+            "terminateds",
+            "truncateds",
+        ),
+    )
+    check_data(p, term="terminateds", trunc="truncateds")
+    check_probabilities(p, ("action_probs_target", "next_action_probs_target"), "action_probs_behavior")
+
+    def kernel():
+        from .kernels import launch
+
+        return launch.retrace(p, s["gamma"], s["lambda_"], s["c_bar"], s["rho_bar"])
+
+    qt, adv = run(p, reference.retrace, s, kernel, ("rewards", "q_values", "next_q_values_all"), 2)
+    return p.finish(qt), p.finish(adv)
+
+
+def compute_discounted_returns(
+    rewards: torch.Tensor,
+    terminateds: torch.Tensor,
+    truncateds: torch.Tensor | None = None,
+    *,
+    gamma: float,
+    bootstrap_values: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Discounted returns (reward-to-go) that restart at episode boundaries.
+
+    ::
+
+        Y_t = boot_t if boundary_t else G_{t+1}
+        G_t = r_t + gamma (1 - term_t) Y_t
+
+    There is no ``last_value`` shortcut: pass ``bootstrap_values`` with the last column set to
+    bootstrap a window that ends mid-episode (without it the return after the window is 0).
+
+    Args:
+        rewards: ``(N, T)`` float. terminateds, truncateds: ``(N, T)`` flags.
+        gamma: discount in [0, 1]. bootstrap_values: optional ``(N, T)`` float (see compute_gae).
+
+    Returns:
+        returns, ``(N, T)`` in the input dtype.
+
+    Example::
+
+        >>> import torch, rl_triton
+        >>> rl_triton.compute_discounted_returns(torch.ones(3), torch.tensor([0, 1, 0]), gamma=0.5)
+        tensor([1.5000, 1.0000, 1.0000])
+    """
+    fn = "compute_discounted_returns"
+    s = {"gamma": scalar("gamma", gamma), "lambda_": 1.0}
+    p = prepare(
+        fn,
+        steps={"rewards": rewards, "bootstrap_values": bootstrap_values},
+        flags={"terminateds": terminateds, "truncateds": truncateds},
+        required=("rewards", "terminateds"),
+    )
+    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
+
+    def kernel():
+        from .kernels import launch
+
+        return (launch.returns(p, s["gamma"], 1.0),)
+
+    (g,) = run(p, reference.lambda_returns, s, kernel, ("rewards", "bootstrap_values"), 1)
+    return p.finish(g)
+
+
+def compute_lambda_returns(
+    rewards: torch.Tensor,
+    next_values: torch.Tensor,
+    terminateds: torch.Tensor,
+    truncateds: torch.Tensor | None = None,
+    *,
+    gamma: float,
+    lambda_: float,
+    bootstrap_values: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """TD(lambda) returns.
+
+    ::
+
+        X_t = boot_t                              if trunc_t
+            = (1 - lambda) nv_t + lambda boot_t   if t == T-1 (and not truncated)
+            = (1 - lambda) nv_t + lambda G_{t+1}  otherwise
+        G_t = r_t + gamma (1 - term_t) X_t
+
+    with ``nv_t = next_values_t``. lambda = 0 gives one-step TD targets; lambda = 1 with the same
+    ``bootstrap_values`` gives :func:`compute_discounted_returns`.
+
+    Args:
+        rewards: ``(N, T)`` float.
+        next_values: ``(N, T)`` float, V(s_{t+1}) for every step including the last (not
+            ``values[:, 1:]``, which is one column short).
+        terminateds, truncateds: ``(N, T)`` flags. bootstrap_values: optional ``(N, T)`` float, read
+            at truncated steps and the last step (zero when not given).
+        gamma, lambda_: in [0, 1].
+
+    Returns:
+        returns, ``(N, T)`` in the input dtype.
+    """
+    fn = "compute_lambda_returns"
+    s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
+    p = prepare(
+        fn,
+        steps={"rewards": rewards, "next_values": next_values, "bootstrap_values": bootstrap_values},
+        flags={"terminateds": terminateds, "truncateds": truncateds},
+        required=("rewards", "next_values", "terminateds"),
+    )
+    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
+
+    def kernel():
+        from .kernels import launch
+
+        return (launch.returns(p, s["gamma"], s["lambda_"]),)
+
+    (g,) = run(p, reference.lambda_returns, s, kernel, ("rewards", "next_values", "bootstrap_values"), 1)
+    return p.finish(g)
+
+
+def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict) -> torch.Tensor:
+    p = prepare(
+        fn,
+        steps={x_name: x},
+        flags={"dones": dones},
+        per_env={"seed_values": seed_values},
+        required=(x_name, "dones"),
+    )
+    check_data(p)
+    p.tensors["inputs"] = p.tensors.pop(x_name)
+
+    def kernel():
+        from .kernels import launch
+
+        return (launch.forward_trace(p, s["scale"], s["starts_at"]),)
+
+    (y,) = run(p, reference.forward_trace, s, kernel, ("inputs", "seed_values"), 1)
+    return p.finish(y)
+
+
+def compute_eligibility_traces(
+    gradients: torch.Tensor,
+    dones: torch.Tensor,
+    *,
+    gamma: float,
+    lambda_: float,
+    seed_values: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Accumulating eligibility traces (forward scan).
+
+    ::
+
+        e_t = g_t + gamma lambda (1 - done_{t-1}) e_{t-1},   e_{-1} = seed_values (or 0), done_{-1} = 0
+
+    The trace restarts the step after ``dones[t] == 1``.
+
+    Args:
+        gradients: ``(N, T)`` float, the per-step quantity to trace (e.g. grad_w V(s_t)).
+        dones: ``(N, T)`` flags, terminated OR truncated.
+        gamma, lambda_: in [0, 1]. seed_values: optional ``(N,)`` float, the trace before t = 0.
+
+    Returns:
+        traces, ``(N, T)`` in the input dtype.
+
+    Example::
+
+        >>> import torch, rl_triton
+        >>> rl_triton.compute_eligibility_traces(torch.ones(3), torch.zeros(3), gamma=0.5, lambda_=1.0)
+        tensor([1.0000, 1.5000, 1.7500])
+    """
+    gl = scalar("gamma", gamma) * scalar("lambda_", lambda_)
+    s = {"scale": gl, "starts_at": False}
+    return _forward_trace("compute_eligibility_traces", "gradients", gradients, dones, seed_values, s)
+
+
+def compute_episodic_prefix_sum(
+    inputs: torch.Tensor,
+    dones: torch.Tensor,
+    *,
+    boundary: str = "ends_at",
+    seed_values: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Cumulative sum along time that restarts at episode boundaries (forward scan).
+
+    ::
+
+        boundary="ends_at":   S_t = x_t + (1 - done_{t-1}) S_{t-1}
+        boundary="starts_at": S_t = x_t + (1 - done_t) S_{t-1}
+        S_{-1} = seed_values (or 0),  done_{-1} = 0
+
+    ``"ends_at"`` (default) matches a Gymnasium ``terminated | truncated`` flag: the episode ends
+    at the flagged step, so the sum restarts at the next one. ``"starts_at"`` is for flags that
+    mark a segment's first step. There is no limit on ``seq_len``.
+
+    Args:
+        inputs: ``(N, T)`` float. dones: ``(N, T)`` flags.
+        boundary: ``"ends_at"`` or ``"starts_at"``. seed_values: optional ``(N,)`` float, S_{-1}.
+
+    Returns:
+        sums, ``(N, T)`` in the input dtype.
+
+    Example::
+
+        >>> import torch, rl_triton
+        >>> rl_triton.compute_episodic_prefix_sum(torch.ones(4), torch.tensor([0, 1, 0, 0]))
+        tensor([1., 2., 1., 2.])
+    """
+    if boundary not in ("ends_at", "starts_at"):
+        raise ValueError(f"compute_episodic_prefix_sum: boundary must be 'ends_at' or 'starts_at', got {boundary!r}")
+    s = {"scale": 1.0, "starts_at": boundary == "starts_at"}
+    return _forward_trace("compute_episodic_prefix_sum", "inputs", inputs, dones, seed_values, s)

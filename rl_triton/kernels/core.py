@@ -1,0 +1,83 @@
+"""The shared scan core: a chunked first-order linear recurrence over tiles of envs x time.
+
+A program owns ``BN`` envs and walks their rows in chunks of ``BT`` steps, in processing order
+(``p = 0, 1, ...``; for a reverse recurrence step ``p`` is time ``T-1-p``, so one forward scan
+serves both directions). Inside a chunk the pairs ``(a_p, b_p)`` are combined with
+``tl.associative_scan``; the state after the chunk (the carry) enters the next one. Masked
+elements are set to the identity ``(1, 0)`` so that they neither change the carry nor depend on
+what was loaded there.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def linear_combine(a_l, b_l, a_r, b_r):
+    # (a_l, b_l) then (a_r, b_r):  x -> a_r * (a_l * x + b_l) + b_r
+    return a_l * a_r, a_r * b_l + b_r
+
+
+@triton.jit
+def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr):
+    """Inclusive scan of one [BN, BT] chunk seeded with the carry [BN]; returns (x, new carry)."""
+    b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine)
+    b_x = b_A * b_carry[:, None] + b_B
+    b_last = tl.arange(0, BT)[None, :] == BT - 1
+    return b_x, tl.sum(tl.where(b_last, b_x, 0.0), 1)
+
+
+@triton.jit
+def time_offsets(i_c, T, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Time index of each processing slot of chunk ``i_c`` (negative or >= T where masked)."""
+    o_p = i_c * BT + tl.arange(0, BT)
+    if REVERSE:
+        return T - 1 - o_p
+    return o_p
+
+
+@triton.jit
+def hp_scalar(hi, lo, ACC: tl.constexpr):
+    """Rebuilds a float64 hyper-parameter passed as two float32 halves (Triton passes Python
+    floats as float32): exact to ~1e-15 in float64 mode, the float32 value in float32 mode."""
+    return tl.cast(hi, ACC) + tl.cast(lo, ACC)
+
+
+@triton.jit
+def load_flag(p_flag, off, mask, ACC: tl.constexpr):
+    """A flag in any stored dtype as 0/1 in the accumulation dtype (nonzero means set)."""
+    return (tl.load(p_flag + off, mask=mask, other=0) != 0).to(ACC)
+
+
+@triton.jit(do_not_specialize=["N", "T"])
+def linear_scan_kernel(
+    p_a,  # [N, T] coefficients a_t (accumulation dtype)
+    p_b,  # [N, T] offsets b_t
+    p_init,  # [N] initial state x_T (reverse) or x_-1 (forward); unused unless HAS_INIT
+    p_x,  # [N, T] output
+    N,  # number of envs (rows)
+    T,  # sequence length
+    REVERSE: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    ACC: tl.constexpr,  # accumulation dtype
+    BN: tl.constexpr,  # envs per program
+    BT: tl.constexpr,  # time steps per chunk
+):
+    i_n = tl.program_id(0)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_row = o_n.to(tl.int64) * T
+    if HAS_INIT:
+        b_carry = tl.load(p_init + o_n, mask=m_n, other=0).to(ACC)
+    else:
+        b_carry = tl.zeros([BN], dtype=ACC)
+    for i_c in range(0, tl.cdiv(T, BT)):
+        o_t = time_offsets(i_c, T, BT, REVERSE)
+        m = m_n[:, None] & ((o_t >= 0) & (o_t < T))[None, :]
+        off = o_row[:, None] + o_t[None, :]
+        b_a = tl.load(p_a + off, mask=m, other=1).to(ACC)
+        b_b = tl.load(p_b + off, mask=m, other=0).to(ACC)
+        b_x, b_carry = scan_chunk(b_a, b_b, b_carry, BT)
+        tl.store(p_x + off, b_x, mask=m)

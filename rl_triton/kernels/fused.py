@@ -1,0 +1,307 @@
+"""Fused kernels: per-algorithm prologues and epilogues around the shared scan core.
+
+Each kernel reads every input once and writes every output once: the coefficients ``a_t``,
+``b_t`` of the recurrence are computed in registers from the loaded inputs (the prologue), the
+chunk is scanned by :func:`core.scan_chunk`, and the outputs are formed in registers (the
+epilogue). Nothing intermediate goes to device memory.
+
+V-trace and Retrace need ``x_{t+1}`` in their epilogue (``vs_{t+1}``, ``q_targets_{t+1}``). There is
+no register shift across a tile, so those kernels scan the sequence shifted by one step (the
+prologue evaluated at ``t+1``, whose loads hit the cache lines of the unshifted ones) to obtain
+``x_{t+1}``, and form ``x_t = a_t x_{t+1} + b_t`` elementwise.
+
+Time-dependent sizes (``N``, ``T``) are not specialised on, and the hyper-parameters are runtime
+arguments, so a new rollout length or a gamma schedule does not recompile.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .core import hp_scalar, load_flag, scan_chunk, time_offsets
+
+
+@triton.jit
+def step_context(
+    p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
+    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """Per-step flags (0/1 in ACC): term, trunc, boundary = trunc OR last step, and boot_t
+    (read only at boundary steps, so interior bootstrap entries cost no bandwidth)."""
+    b_term = load_flag(p_term, off, m, ACC)
+    if HAS_TRUNC:
+        b_trunc = load_flag(p_trunc, off, m, ACC)
+    else:
+        b_trunc = tl.zeros_like(b_term)
+    b_is_last = (o_t == T - 1)[None, :]
+    b_bnd = tl.where(b_is_last, 1.0, b_trunc).to(ACC)
+    b_boot = tl.zeros_like(b_term)
+    if HAS_BOOT:
+        b_boot = tl.load(p_boot + off, mask=m & (b_bnd != 0), other=0).to(ACC)
+    if HAS_LAST:
+        b_lv = tl.load(p_last + o_n, mask=m_n, other=0).to(ACC)
+        b_boot = tl.where(b_is_last, b_lv[:, None], b_boot)
+    return b_term, b_trunc, b_bnd, b_boot
+
+
+@triton.jit(do_not_specialize=["N", "T", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
+def gae_kernel(
+    p_r,  # [N, T] rewards
+    p_v,  # [N, T] values V(s_t)
+    p_term,  # [N, T] terminateds (any dtype)
+    p_trunc,  # [N, T] truncateds (if HAS_TRUNC)
+    p_boot,  # [N, T] bootstrap values (if HAS_BOOT)
+    p_last,  # [N] last value (if HAS_LAST)
+    p_adv,  # [N, T] output advantages
+    N, T,  # envs, steps
+    gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,  # hyper-parameters as float32 hi/lo halves
+    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
+    ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    i_n = tl.program_id(0)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_row = o_n.to(tl.int64) * T
+    gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
+    gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
+    b_carry = tl.zeros([BN], dtype=ACC)
+    for i_c in range(0, tl.cdiv(T, BT)):
+        o_t = time_offsets(i_c, T, BT, True)
+        m = m_n[:, None] & (o_t >= 0)[None, :]
+        off = o_row[:, None] + o_t[None, :]
+        b_term, b_trunc, b_bnd, b_boot = step_context(
+            p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
+        )
+        b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
+        b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
+        b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
+        b_vnext = tl.where(b_bnd != 0, b_boot, b_v1)
+        b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
+        b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
+        b_b = tl.where(m, b_delta, 0.0)
+        b_x, b_carry = scan_chunk(b_a, b_b, b_carry, BT)
+        tl.store(p_adv + off, b_x, mask=m)
+
+
+@triton.jit
+def vtrace_step(
+    p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
+    gamma, rho_bar, c_bar,
+    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """V-trace prologue at the steps ``o_t``: (a, b) of D_t = b + a D_{t+1}, plus what the
+    epilogue needs (rho, r, v, term, boundary, v_next)."""
+    b_term, b_trunc, b_bnd, b_boot = step_context(
+        p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
+    )
+    b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
+    b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
+    b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
+    b_vnext = tl.where(b_bnd != 0, b_boot, b_v1)
+    b_lpt = tl.load(p_lpt + off, mask=m, other=0).to(ACC)
+    b_lpb = tl.load(p_lpb + off, mask=m, other=0).to(ACC)
+    b_ratio = tl.exp(b_lpt - b_lpb)
+    b_rho = tl.minimum(b_ratio, rho_bar)
+    b_c = tl.minimum(b_ratio, c_bar)
+    b_a = gamma * b_c * (1 - tl.maximum(b_term, b_trunc))
+    b_b = b_rho * (b_r + gamma * (1 - b_term) * b_vnext - b_v)
+    return b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext
+
+
+@triton.jit(do_not_specialize=["N", "T", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
+def vtrace_kernel(
+    p_lpt,  # [N, T] log pi_target(a_t | s_t)
+    p_lpb,  # [N, T] log pi_behavior(a_t | s_t)
+    p_v,  # [N, T] values
+    p_r,  # [N, T] rewards
+    p_term, p_trunc, p_boot, p_last,  # flags and bootstrap values as in gae_kernel
+    p_vs,  # [N, T] output v-trace targets
+    p_adv,  # [N, T] output policy-gradient advantages
+    N, T,
+    gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo,
+    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
+    ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    i_n = tl.program_id(0)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_row = o_n.to(tl.int64) * T
+    gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
+    rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
+    c_bar = hp_scalar(c_hi, c_lo, ACC)
+    b_carry = tl.zeros([BN], dtype=ACC)
+    for i_c in range(0, tl.cdiv(T, BT)):
+        o_t = time_offsets(i_c, T, BT, True)
+        m = m_n[:, None] & (o_t >= 0)[None, :]
+        off = o_row[:, None] + o_t[None, :]
+        b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
+            p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
+            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC,
+        )  # fmt: skip
+        # The same recurrence one step later in time gives D_{t+1} at slot t.
+        m1 = m & (o_t + 1 < T)[None, :]
+        b_a1, b_b1, _, _, _, _, _, _ = vtrace_step(
+            p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off + 1, o_n, o_t + 1, m1, m_n, T,
+            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC,
+        )  # fmt: skip
+        b_d1, b_carry = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
+        b_d = b_a * b_d1 + b_b
+        b_q = b_vnext + tl.where(b_bnd != 0, 0.0, b_d1)  # vs_{t+1} inside the buffer
+        tl.store(p_vs + off, b_v + b_d, mask=m)
+        tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_q - b_v), mask=m)
+
+
+@triton.jit
+def retrace_step(
+    p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
+    gamma, lmbda, c_bar, rho_bar,
+    HAS_TRUNC: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """Retrace prologue at the steps ``o_t``: (a, b) of Delta_t = b + a Delta_{t+1}, plus
+    (rho, r, q, term, boundary, E) for the epilogue."""
+    b_term, b_trunc, b_bnd, _ = step_context(
+        p_term, p_trunc, p_term, p_term, off, o_t, o_t, m, m, T, HAS_TRUNC, False, False, ACC
+    )
+    b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
+    b_q = tl.load(p_q + off, mask=m, other=0).to(ACC)
+    # pi(a_t | s_t) / mu(a_t | s_t); an action outside [0, A) gives NaN, never a wrong number.
+    b_act = tl.load(p_act + off, mask=m, other=0)
+    m_act = m & (b_act >= 0) & (b_act < A)
+    b_pi = tl.load(p_pt + off * A + b_act, mask=m_act, other=float("nan")).to(ACC)
+    b_ratio = b_pi / tl.load(p_pb + off, mask=m, other=1).to(ACC)
+    b_rho = tl.minimum(b_ratio, rho_bar)
+    # c_{t+1}; zero past the last step.
+    m1 = m & (o_t + 1 < T)[None, :]
+    b_act1 = tl.load(p_act + off + 1, mask=m1, other=0)
+    m_act1 = m1 & (b_act1 >= 0) & (b_act1 < A)
+    b_pi1 = tl.load(p_pt + (off + 1) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
+    b_ratio1 = b_pi1 / tl.load(p_pb + off + 1, mask=m1, other=1).to(ACC)
+    b_c1 = tl.where(m1, lmbda * tl.minimum(b_ratio1, c_bar), 0.0)
+    # E_t = sum_a w[t, a] Q(s_{t+1}, a)
+    b_e = tl.zeros_like(b_r)
+    for i_a in range(0, A):
+        b_w = tl.load(p_w + off * A + i_a, mask=m, other=0).to(ACC)
+        b_e += b_w * tl.load(p_nq + off * A + i_a, mask=m, other=0).to(ACC)
+    b_a = gamma * b_c1 * (1 - tl.maximum(b_term, b_trunc))
+    b_b = b_r + gamma * (1 - b_term) * b_e - b_q
+    return b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e
+
+
+@triton.jit(do_not_specialize=["N", "T", "A", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo", "c_hi", "c_lo",
+                               "rho_hi", "rho_lo"])
+def retrace_kernel(
+    p_pt,  # [N, T, A] target policy pi(. | s_t)
+    p_w,  # [N, T, A] weights of Q(s_{t+1}, .): pi(. | s_{t+1}) if given, else p_pt
+    p_pb,  # [N, T] behaviour probability of the taken action
+    p_q,  # [N, T] Q(s_t, a_t)
+    p_nq,  # [N, T, A] Q(s_{t+1}, .)
+    p_act,  # [N, T] actions (integer)
+    p_r, p_term, p_trunc,  # [N, T] rewards, terminateds, truncateds
+    p_qt,  # [N, T] output Q targets
+    p_adv,  # [N, T] output advantages
+    N, T, A,
+    gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo,
+    HAS_TRUNC: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    i_n = tl.program_id(0)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_row = o_n.to(tl.int64) * T
+    gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
+    lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
+    c_bar = hp_scalar(c_hi, c_lo, ACC)
+    rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
+    b_carry = tl.zeros([BN], dtype=ACC)
+    for i_c in range(0, tl.cdiv(T, BT)):
+        o_t = time_offsets(i_c, T, BT, True)
+        m = m_n[:, None] & (o_t >= 0)[None, :]
+        off = o_row[:, None] + o_t[None, :]
+        b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
+            p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
+            gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
+        )  # fmt: skip
+        m1 = m & (o_t + 1 < T)[None, :]
+        b_a1, b_b1, _, _, b_q1, _, _, _ = retrace_step(
+            p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off + 1, o_t + 1, m1, T, A,
+            gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
+        )  # fmt: skip
+        b_d1, b_carry = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
+        b_d = b_a * b_d1 + b_b
+        b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
+        tl.store(p_qt + off, b_q + b_d, mask=m)
+        tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_x - b_q), mask=m)
+
+
+@triton.jit(do_not_specialize=["N", "T", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
+def returns_kernel(
+    p_r,  # [N, T] rewards
+    p_nv,  # [N, T] next values V(s_{t+1}) (if HAS_NV; TD(lambda) returns)
+    p_term, p_trunc, p_boot,  # flags and bootstrap values as in gae_kernel
+    p_g,  # [N, T] output returns
+    N, T,
+    gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,
+    HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
+    ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
+    i_n = tl.program_id(0)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_row = o_n.to(tl.int64) * T
+    gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
+    lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
+    b_carry = tl.zeros([BN], dtype=ACC)
+    for i_c in range(0, tl.cdiv(T, BT)):
+        o_t = time_offsets(i_c, T, BT, True)
+        m = m_n[:, None] & (o_t >= 0)[None, :]
+        off = o_row[:, None] + o_t[None, :]
+        b_term, b_trunc, b_bnd, b_boot = step_context(
+            p_term, p_trunc, p_boot, p_boot, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, False, ACC
+        )
+        b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
+        # X_t minus its recursive part: boot at truncations, (1-lam) nv + lam boot at the last step.
+        b_x = b_boot * (b_trunc + lmbda * (1 - b_trunc))
+        if HAS_NV:
+            b_nv = tl.load(p_nv + off, mask=m, other=0).to(ACC)
+            b_x += (1 - b_trunc) * (1 - lmbda) * b_nv
+        b_disc = gamma * (1 - b_term)
+        b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
+        b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
+        b_g, b_carry = scan_chunk(b_a, b_b, b_carry, BT)
+        tl.store(p_g + off, b_g, mask=m)
+
+
+@triton.jit(do_not_specialize=["N", "T", "scale_hi", "scale_lo"])
+def forward_trace_kernel(
+    p_x,  # [N, T] gradients (eligibility traces) or inputs (prefix sums)
+    p_done,  # [N, T] dones (any dtype)
+    p_seed,  # [N] initial state e_-1 / S_-1 (if HAS_SEED)
+    p_out,  # [N, T] output
+    N, T,
+    scale_hi, scale_lo,  # gamma * lambda (eligibility traces) or 1 (prefix sums)
+    STARTS_AT: tl.constexpr,  # reset at the flagged step instead of the step after it
+    HAS_SEED: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
+    i_n = tl.program_id(0)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_row = o_n.to(tl.int64) * T
+    scale = hp_scalar(scale_hi, scale_lo, ACC)
+    if HAS_SEED:
+        b_carry = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
+    else:
+        b_carry = tl.zeros([BN], dtype=ACC)
+    for i_c in range(0, tl.cdiv(T, BT)):
+        o_t = time_offsets(i_c, T, BT, False)
+        m = m_n[:, None] & (o_t < T)[None, :]
+        off = o_row[:, None] + o_t[None, :]
+        if STARTS_AT:
+            b_done = load_flag(p_done, off, m, ACC)
+        else:
+            b_done = load_flag(p_done, off - 1, m & (o_t >= 1)[None, :], ACC)
+        b_a = tl.where(m, scale * (1 - b_done), 1.0)
+        b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
+        b_y, b_carry = scan_chunk(b_a, b_b, b_carry, BT)
+        tl.store(p_out + off, b_y, mask=m)

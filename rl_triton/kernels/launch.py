@@ -1,0 +1,146 @@
+"""Launchers: choose tile sizes, split hyper-parameters, allocate outputs and start the kernels."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from . import core, fused
+
+# Tile shapes. BT: time steps per chunk, BN: envs per program. Both come from size classes of
+# T and N (powers of two, capped), so a new rollout length only recompiles when it crosses a
+# class boundary. First H200 measurements behind these choices are in NOTES.md.
+_MAX_BT = 128
+_MAX_BN = 16
+_NUM_WARPS = 4
+
+
+def _pow2_clamp(x: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(max(int(x), 1))))
+
+
+def _tiles(n: int, t: int, max_bn: int = _MAX_BN) -> tuple[int, int]:
+    return _pow2_clamp(n, 2, max_bn), _pow2_clamp(t, 16, _MAX_BT)
+
+
+@functools.lru_cache(maxsize=256)
+def hp(x: float) -> tuple[float, float]:
+    """``x`` as float32 ``(hi, lo)`` with ``hi + lo`` equal to ``x`` to ~1e-15 relative."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # overflow to inf is fine: hi carries it
+        hi = float(np.float32(x))
+        lo = float(np.float32(x - hi)) if np.isfinite(hi) else 0.0
+    return hi, lo
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _on_device(device: torch.device):
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device.index)
+    return contextlib.nullcontext()
+
+
+def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
+    """Optional inputs that are absent are passed as some valid pointer the kernel never reads."""
+    x = t.get(key)
+    return fallback if x is None else x
+
+
+def gae(p, gamma: float, lambda_: float) -> torch.Tensor:
+    t = p.tensors
+    out = p.new_output()
+    bn, bt = _tiles(p.num_envs, p.seq_len)
+    r = t["rewards"]
+    with _on_device(p.device):
+        fused.gae_kernel[(triton.cdiv(p.num_envs, bn),)](
+            r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
+            _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),
+            HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+            HAS_LAST=t.get("last_value") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+        )  # fmt: skip
+    return out
+
+
+def vtrace(p, gamma: float, rho_bar: float, c_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
+    t = p.tensors
+    vs, adv = p.new_output(), p.new_output()
+    bn, bt = _tiles(p.num_envs, p.seq_len)
+    r = t["rewards"]
+    with _on_device(p.device):
+        fused.vtrace_kernel[(triton.cdiv(p.num_envs, bn),)](
+            t["log_pi_target"], t["log_pi_behavior"], t["values"], r, t["terminateds"], _dummy(t, "truncateds", r),
+            _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
+            *hp(gamma), *hp(rho_bar), *hp(c_bar),
+            HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+            HAS_LAST=t.get("last_value") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+        )  # fmt: skip
+    return vs, adv
+
+
+def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
+    t = p.tensors
+    qt, adv = p.new_output(), p.new_output()
+    bn, bt = _tiles(p.num_envs, p.seq_len, max_bn=8)
+    probs = t["action_probs_target"]
+    with _on_device(p.device):
+        fused.retrace_kernel[(triton.cdiv(p.num_envs, bn),)](
+            probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
+            t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
+            qt, adv, p.num_envs, p.seq_len, p.num_actions,
+            *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),
+            HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+        )  # fmt: skip
+    return qt, adv
+
+
+def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
+    t = p.tensors
+    out = p.new_output()
+    bn, bt = _tiles(p.num_envs, p.seq_len)
+    r = t["rewards"]
+    with _on_device(p.device):
+        fused.returns_kernel[(triton.cdiv(p.num_envs, bn),)](
+            r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
+            _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),
+            HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
+            HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+        )  # fmt: skip
+    return out
+
+
+def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
+    t = p.tensors
+    out = p.new_output()
+    bn, bt = _tiles(p.num_envs, p.seq_len)
+    x = t["inputs"]
+    with _on_device(p.device):
+        fused.forward_trace_kernel[(triton.cdiv(p.num_envs, bn),)](
+            x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale),
+            STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt,
+            num_warps=_NUM_WARPS,
+        )  # fmt: skip
+    return out
+
+
+def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool) -> torch.Tensor:
+    """Raw (non-differentiable) scan for :class:`rl_triton.scan.LinearScan` on the kernel path."""
+    n, t_len = b.shape
+    x = torch.empty_like(b)
+    if b.numel() == 0:
+        return x
+    bn, bt = _tiles(n, t_len)
+    with _on_device(b.device):
+        core.linear_scan_kernel[(triton.cdiv(n, bn),)](
+            a, b, b if init is None else init, x, n, t_len, REVERSE=reverse, HAS_INIT=init is not None,
+            ACC=_acc(b.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+        )  # fmt: skip
+    return x

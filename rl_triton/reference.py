@@ -1,0 +1,137 @@
+"""The PyTorch path: every function as prologue -> linear scan -> epilogue, in plain tensor ops.
+
+This is what CPU tensors run (unless ``TRITON_INTERPRET=1``), and it is also how the kernel path
+computes gradients: the backward pass re-runs these functions under autograd with the scan done
+by the Triton kernels (:mod:`rl_triton.scan`). Each function takes the normalised 2-D tensors of
+one call (``t``: name -> tensor or None, floats in the call's dtype, flags as stored), the scalar
+hyper-parameters (``s``), the accumulation dtype and a differentiable scan, and returns its
+outputs in the accumulation dtype. The formulas are those of SEMANTICS.md; the fused kernels in
+:mod:`rl_triton.kernels.fused` compute the same prologues and epilogues in registers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .scan import shift
+
+Scan = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", bool], torch.Tensor]
+Tensors = dict[str, "torch.Tensor | None"]
+
+
+def _float(t: Tensors, name: str, acc: torch.dtype) -> torch.Tensor | None:
+    x = t.get(name)
+    return None if x is None else x.to(acc)
+
+
+def _flag(t: Tensors, name: str, like: torch.Tensor) -> torch.Tensor:
+    x = t.get(name)
+    return torch.zeros_like(like) if x is None else (x != 0).to(like.dtype)
+
+
+def _last_column(like: torch.Tensor) -> torch.Tensor:
+    last = torch.zeros_like(like)
+    last[:, -1] = 1.0
+    return last
+
+
+def _boundary(t: Tensors, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """term, trunc and boundary = trunc OR last step, as 0/1 tensors in the accumulation dtype."""
+    term = _flag(t, "terminateds", like)
+    trunc = _flag(t, "truncateds", like)
+    return term, trunc, torch.maximum(trunc, _last_column(like))
+
+
+def _bootstrap(t: Tensors, bnd: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """boot_t at boundary steps (zero elsewhere: boot is never read at other steps)."""
+    boot = _float(t, "bootstrap_values", acc)
+    if boot is None:
+        boot = torch.zeros_like(bnd)
+    last = _float(t, "last_value", acc)
+    if last is not None:
+        boot = torch.cat([boot[:, :-1], last.reshape(-1, 1)], dim=1)
+    return boot * bnd
+
+
+def _next_values(t: Tensors, values: torch.Tensor, bnd: torch.Tensor, boot: torch.Tensor) -> torch.Tensor:
+    """v_next_t = boot_t at boundary steps, values_{t+1} otherwise."""
+    return torch.where(bnd.bool(), boot, shift(values, towards_future=True))
+
+
+def gae(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor]:
+    r = _float(t, "rewards", acc)
+    v = _float(t, "values", acc)
+    term, trunc, bnd = _boundary(t, r)
+    done = torch.maximum(term, trunc)
+    v_next = _next_values(t, v, bnd, _bootstrap(t, bnd, acc))
+    delta = r + s["gamma"] * (1 - term) * v_next - v
+    a = s["gamma"] * s["lambda_"] * (1 - done)
+    return (scan(a, delta, None, True),)
+
+
+def vtrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor, torch.Tensor]:
+    r = _float(t, "rewards", acc)
+    v = _float(t, "values", acc)
+    term, trunc, bnd = _boundary(t, r)
+    done = torch.maximum(term, trunc)
+    v_next = _next_values(t, v, bnd, _bootstrap(t, bnd, acc))
+    # Importance weights are constants for the gradient (IMPALA stops gradients through them).
+    ratio = torch.exp(_float(t, "log_pi_target", acc) - _float(t, "log_pi_behavior", acc)).detach()
+    rho = torch.clamp(ratio, max=s["rho_bar"])
+    c = torch.clamp(ratio, max=s["c_bar"])
+    target = r + s["gamma"] * (1 - term) * v_next
+    delta = rho * (target - v)
+    d = scan(s["gamma"] * c * (1 - done), delta, None, True)
+    vs = v + d
+    q = v_next + (1 - bnd) * shift(d, towards_future=True)  # vs_{t+1} inside the buffer
+    adv = rho * (r + s["gamma"] * (1 - term) * q - v)
+    return vs, adv
+
+
+def retrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor, torch.Tensor]:
+    r = _float(t, "rewards", acc)
+    q = _float(t, "q_values", acc)
+    term, trunc, bnd = _boundary(t, r)
+    done = torch.maximum(term, trunc)
+    probs = _float(t, "action_probs_target", acc).detach()
+    pi = probs.gather(-1, t["actions"].long().unsqueeze(-1)).squeeze(-1)
+    ratio = pi / _float(t, "action_probs_behavior", acc).detach()
+    c = s["lambda_"] * torch.clamp(ratio, max=s["c_bar"])
+    rho = torch.clamp(ratio, max=s["rho_bar"])
+    weights = _float(t, "next_action_probs_target", acc)
+    weights = probs if weights is None else weights.detach()
+    expected = (weights * _float(t, "next_q_values_all", acc)).sum(-1)
+    delta = r + s["gamma"] * (1 - term) * expected - q
+    a = s["gamma"] * shift(c, towards_future=True) * (1 - done)
+    d = scan(a, delta, None, True)
+    q_targets = q + d
+    x = torch.where(bnd.bool(), expected, shift(q_targets, towards_future=True))
+    adv = rho * (r + s["gamma"] * (1 - term) * x - q)
+    return q_targets, adv
+
+
+def lambda_returns(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor]:
+    """Also the discounted returns: lambda_ = 1 and no next_values."""
+    r = _float(t, "rewards", acc)
+    term, trunc, bnd = _boundary(t, r)
+    boot = _bootstrap(t, bnd, acc)
+    lam = s["lambda_"]
+    nv = _float(t, "next_values", acc)
+    # X_t without the recursive part: boot at truncations; (1-lam) nv_t + lam boot_t at the last step.
+    x_const = lam * boot * (1 - trunc) + trunc * boot
+    if nv is not None:
+        x_const = x_const + (1 - trunc) * (1 - lam) * nv
+    disc = s["gamma"] * (1 - term)
+    return (scan(disc * lam * (1 - bnd), r + disc * x_const, None, True),)
+
+
+def forward_trace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor]:
+    """Eligibility traces (scale = gamma*lambda, ends_at) and episodic prefix sums (scale = 1)."""
+    x = _float(t, "inputs", acc)
+    dones = _flag(t, "dones", x)
+    if not s["starts_at"]:
+        dones = shift(dones, towards_future=False)
+    seed = _float(t, "seed_values", acc)
+    return (scan(s["scale"] * (1 - dones), x, seed, False),)
