@@ -25,8 +25,8 @@ def _pow2_clamp(x: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, triton.next_power_of_2(max(int(x), 1))))
 
 
-def _tiles(n: int, t: int, max_bn: int = _MAX_BN) -> tuple[int, int]:
-    return _pow2_clamp(n, 2, max_bn), _pow2_clamp(t, 16, _MAX_BT)
+def _tiles(n: int, t: int, max_bn: int | None = None) -> tuple[int, int]:
+    return _pow2_clamp(n, 2, max_bn or _MAX_BN), _pow2_clamp(t, 16, _MAX_BT)
 
 
 @functools.lru_cache(maxsize=256)
@@ -89,7 +89,7 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float) -> tuple[torch.Tensor,
 def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
     qt, adv = p.new_output(), p.new_output()
-    bn, bt = _tiles(p.num_envs, p.seq_len, max_bn=8)
+    bn, bt = _tiles(p.num_envs, p.seq_len, max_bn=min(8, _MAX_BN))
     probs = t["action_probs_target"]
     with _on_device(p.device):
         fused.retrace_kernel[(triton.cdiv(p.num_envs, bn),)](
