@@ -77,7 +77,8 @@ def sweep() -> None:
                 for warps in (1, 2, 4, 8):
                     launch._MAX_BN, launch._MAX_BT, launch._NUM_WARPS = bn, bt, warps
                     ms = triton.testing.do_bench(
-                        lambda: R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95), return_mode="median"
+                        lambda r=r, v=v, term=term: R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95),
+                        return_mode="median",
                     )
                     if best is None or ms < best[0]:
                         best = (ms, bn, bt, warps)

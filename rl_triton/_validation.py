@@ -121,9 +121,7 @@ def prepare(
     # Shape reference: the first given per-step tensor.
     ref_name, ref = next((n, t) for n, t in {**steps, **flags}.items() if t is not None)
     if ref.dim() not in (1, 2):
-        raise ValueError(
-            f"{fn}: '{ref_name}' must have shape (num_envs, seq_len) or (seq_len,), got {_describe(ref)}"
-        )
+        raise ValueError(f"{fn}: '{ref_name}' must have shape (num_envs, seq_len) or (seq_len,), got {_describe(ref)}")
     squeeze = ref.dim() == 1
     step_shape = tuple(ref.shape)
     env_shape = () if squeeze else (step_shape[0],)

@@ -188,8 +188,21 @@ def retrace_step(
     return b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e
 
 
-@triton.jit(do_not_specialize=["N", "T", "A", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo", "c_hi", "c_lo",
-                               "rho_hi", "rho_lo"])
+@triton.jit(
+    do_not_specialize=[
+        "N",
+        "T",
+        "A",
+        "gamma_hi",
+        "gamma_lo",
+        "lmbda_hi",
+        "lmbda_lo",
+        "c_hi",
+        "c_lo",
+        "rho_hi",
+        "rho_lo",
+    ]
+)
 def retrace_kernel(
     p_pt,  # [N, T, A] target policy pi(. | s_t)
     p_w,  # [N, T, A] weights of Q(s_{t+1}, .): pi(. | s_{t+1}) if given, else p_pt

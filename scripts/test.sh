@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Set up the virtual environment (first run only) and run the test suite. Extra arguments go to
+# pytest (e.g. `bash scripts/test.sh -k gae -x` or `bash scripts/test.sh tests/test_gae.py`).
+# Exits with pytest's exit code; "no tests collected" (pytest exit code 5) is a failure.
+#
+# Unless TRITON_INTERPRET is already set: without a CUDA GPU, TRITON_INTERPRET=1 is set so that the
+# Triton kernels are exercised on the CPU through the Triton interpreter, not only the PyTorch
+# path; with a CUDA GPU, RL_TRITON_TEST_NO_INTERPRET=1 is set so that the tests run the compiled
+# kernels (tests/conftest.py turns the interpreter on otherwise).
+set -euo pipefail
+# shellcheck source=scripts/_venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+rlt_setup
+cd "$RLT_REPO"
+
+cuda="$("$RLT_PY" -c 'import torch; print(int(torch.cuda.is_available()))')"
+if [[ -z "${TRITON_INTERPRET+set}" ]]; then
+    if [[ "$cuda" == 1 ]]; then
+        # Compiled kernels on the GPU; tests/conftest.py would otherwise default to the interpreter.
+        export RL_TRITON_TEST_NO_INTERPRET="${RL_TRITON_TEST_NO_INTERPRET:-1}"
+    else
+        export TRITON_INTERPRET=1
+    fi
+fi
+
+"$RLT_PY" - <<'PY'
+import os
+import platform
+
+import numpy
+import torch
+import triton
+
+print(f"python {platform.python_version()}  torch {torch.__version__}  triton {triton.__version__}  numpy {numpy.__version__}")
+if torch.cuda.is_available():
+    print(f"cuda {torch.version.cuda}  device {torch.cuda.get_device_name(0)}")
+else:
+    print("cuda: not available (CPU only)")
+print(
+    f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}  "
+    f"RL_TRITON_TEST_NO_INTERPRET={os.environ.get('RL_TRITON_TEST_NO_INTERPRET', '')}"
+)
+PY
+
+# Run tests/ unless the arguments already name test files or directories (e.g. tests/test_gae.py).
+targets=(tests/)
+for arg in "$@"; do
+    if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then
+        targets=()
+        break
+    fi
+done
+
+rc=0
+"$RLT_PY" -m pytest "${targets[@]}" -q "$@" || rc=$?
+if [[ "$rc" == 5 ]]; then
+    echo "error: pytest collected no tests (exit code 5); treating that as a failure" >&2
+    exit 1
+fi
+exit "$rc"

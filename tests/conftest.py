@@ -1,0 +1,88 @@
+"""Shared fixtures: backend paths, NaN-poisoned allocations, per-test seeding.
+
+TRITON_INTERPRET must be set before triton (or rl_triton) is imported, so it is set here first:
+CI has no GPU, and the interpreter is what exercises the Triton kernels there. Set
+RL_TRITON_TEST_NO_INTERPRET=1 to run the compiled kernels on a GPU machine instead.
+"""
+
+import os
+
+if os.environ.get("RL_TRITON_TEST_NO_INTERPRET") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math  # noqa: E402
+import zlib  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import rl_triton  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Path:
+    """One way of running the package: which backend, on which device."""
+
+    name: str  # "torch", "interpret" or "cuda"
+    backend: str  # what rl_triton.use_backend gets
+    device: torch.device
+
+    @property
+    def is_kernel(self) -> bool:
+        return self.backend == "triton"
+
+
+PATHS = ("torch", "interpret", "cuda")
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    """Runs the test on each backend path; yields a Path with the device to put inputs on."""
+    name = request.param
+    if name == "interpret" and not rl_triton.INTERPRET:
+        pytest.skip("Triton interpreter not enabled (TRITON_INTERPRET=1 was not set before import)")
+    if name == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA is not available")
+    if name == "torch":
+        p = Path(name, "torch", torch.device("cpu"))
+    elif name == "interpret":
+        p = Path(name, "triton", torch.device("cpu"))
+    else:
+        p = Path(name, "triton", torch.device("cuda"))
+    with rl_triton.use_backend(p.backend):
+        yield p
+
+
+@pytest.fixture(autouse=True)
+def _poison_empty(monkeypatch):
+    """Fills floating tensors from torch.empty / empty_like / Tensor.new_empty with NaN, so any
+    output element a kernel forgets to write makes the comparison fail."""
+    orig_empty, orig_empty_like, orig_new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
+
+    def poison(t):
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.device.type != "meta":
+            with torch.no_grad():
+                t.fill_(math.nan)
+        return t
+
+    def empty(*args, **kwargs):
+        return poison(orig_empty(*args, **kwargs))
+
+    def empty_like(*args, **kwargs):
+        return poison(orig_empty_like(*args, **kwargs))
+
+    def new_empty(self, *args, **kwargs):
+        return poison(orig_new_empty(self, *args, **kwargs))
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+    monkeypatch.setattr(torch.Tensor, "new_empty", new_empty)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    """Seeds torch from the test id: reproducible, yet different inputs for every case."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    yield

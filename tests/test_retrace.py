@@ -1,0 +1,188 @@
+"""compute_retrace against the float64 reference, hand-computed values and edge cases."""
+
+import pytest
+import torch
+
+import rl_triton
+from tests import reference
+from tests._helpers import (
+    F32_TOL,
+    FLAG_DTYPES,
+    FLOAT_DTYPES,
+    PATTERNS,
+    SHAPES,
+    check,
+    equal_results,
+    golden,
+    non_contiguous,
+    pattern_mask,
+    probs,
+    randn,
+    term_trunc,
+    to_flags,
+)
+
+FN = "compute_retrace"
+
+
+def make_case(
+    shape, *, num_actions=4, device="cpu", dtype=torch.float32, flag_dtype=torch.bool, p=0.1, next_probs=False
+):
+    """Inputs for one call: (N, T) or (T,) per-step tensors, (..., A) per-action ones."""
+    term, trunc = term_trunc(shape, p, p)
+    a_shape = (*shape, num_actions)
+    target = probs(a_shape, torch.float64)
+    behavior_all = probs(a_shape, torch.float64)
+    actions = torch.randint(0, num_actions, shape)
+    behavior = behavior_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    args = [
+        target.to(dtype).to(device),
+        behavior.to(dtype).to(device),
+        randn(shape, dtype, device),  # q_values
+        randn(a_shape, dtype, device),  # next_q_values_all
+        actions.to(device),
+        randn(shape, dtype, device),  # rewards
+        to_flags(term, flag_dtype, device),
+        to_flags(trunc, flag_dtype, device),
+    ]
+    kwargs = {"gamma": 0.97, "lambda_": 0.9}
+    if next_probs:
+        kwargs["next_action_probs_target"] = probs(a_shape, dtype, device)
+    return args, kwargs
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_shapes(path, shape):
+    args, kwargs = make_case(shape, device=path.device)
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+@pytest.mark.parametrize("num_actions", [1, 2, 7, 18])
+def test_num_actions(path, num_actions):
+    args, kwargs = make_case((3, 25), num_actions=num_actions, device=path.device)
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+@pytest.mark.parametrize("shape", [pytest.param((3, 33), id="N3-T33"), pytest.param((33,), id="T33-1d")])
+def test_next_action_probs_target(path, shape):
+    args, kwargs = make_case(shape, device=path.device, next_probs=True)
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+@pytest.mark.parametrize(
+    "lambda_, c_bar, rho_bar",
+    [(1.0, 1.0, 1.0), (0.0, 1.0, 1.0), (0.7, 0.5, 2.0), (1.0, 2.0, 0.5)],
+    ids=["l1", "l0", "l.7-c.5-r2", "c2-r.5"],
+)
+def test_lambda_and_clipping(path, lambda_, c_bar, rho_bar):
+    args, kwargs = make_case((3, 40), device=path.device)
+    kwargs.update(lambda_=lambda_, c_bar=c_bar, rho_bar=rho_bar)
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+@pytest.mark.parametrize("which", ["term", "trunc"])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_flag_patterns(path, pattern, which):
+    shape = (4, 16)
+    mask = pattern_mask(shape, pattern)
+    zeros = torch.zeros(shape, dtype=torch.bool)
+    term, trunc = (mask, zeros) if which == "term" else (zeros, mask)
+    args, kwargs = make_case(shape, device=path.device)
+    args[6], args[7] = to_flags(term, device=path.device), to_flags(trunc, device=path.device)
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+@pytest.mark.parametrize("flag_dtype", FLAG_DTYPES)
+def test_flag_dtypes(path, flag_dtype):
+    args, kwargs = make_case((3, 40), device=path.device, flag_dtype=flag_dtype, p=0.2)
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300")])
+def test_float_dtypes(path, shape, dtype, atol, rtol):
+    args, kwargs = make_case(shape, device=path.device, dtype=dtype, flag_dtype=dtype, next_probs=True)
+    check(FN, *args, **kwargs, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("how", ["stride", "transpose"])
+def test_non_contiguous(path, how):
+    args, kwargs = make_case((5, 37), device=path.device, next_probs=True)
+    expected = rl_triton.compute_retrace(*args, **kwargs)
+    nc_args = [non_contiguous(a, how) for a in args]
+    nc_kwargs = {k: non_contiguous(v, how) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = check(FN, *nc_args, **nc_kwargs, **F32_TOL)[0]
+    equal_results(out, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 1.0], ids=["g0", "g1"])
+def test_gamma_edges(path, gamma):
+    args, kwargs = make_case((3, 50), device=path.device)
+    kwargs["gamma"] = gamma
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+def test_term_and_trunc_both_set(path):
+    shape = (3, 30)
+    args, kwargs = make_case(shape, device=path.device)
+    args[6] = to_flags(torch.rand(shape) < 0.3, device=path.device)
+    args[7] = to_flags(torch.rand(shape) < 0.3, device=path.device)
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+# ------------------------------------------------------------------------------------------
+# Hand-computed values, gamma = 0.5, lambda = c_bar = rho_bar = 1, T = 2, A = 2.
+# target probs: t0 [.5, .5], t1 [.25, .75]; actions [0, 1]; behaviour probs [.25, 1]
+#   ratio = [.5/.25, .75/1] = [2, .75]  ->  c = [1, .75], rho = [1, .75]
+# next_q_values_all: t0 [2, 4], t1 [4, 8]  ->  E = [.5*2 + .5*4, .25*4 + .75*8] = [3, 7]
+# q_values [1, 2], rewards [1, 1].
+#
+# A: no flags.    delta1 = 1 + .5*7 - 2 = 2.5, Delta1 = 2.5 (c_next = 0 at T-1), qt1 = 4.5
+#                 delta0 = 1 + .5*3 - 1 = 1.5, Delta0 = 1.5 + .5*c1*2.5 = 2.4375, qt0 = 3.4375
+#                 adv0 = rho0*(1 + .5*qt1 - 1) = 2.25;  adv1 = rho1*(1 + .5*E1 - 2) = 1.875
+# B: term at t=0. delta0 = 1 + 0 - 1 = 0, cut: qt0 = 1; adv0 = 1*(1 + 0 - 1) = 0; t=1 as A
+# C: trunc at t=0. delta0 = 1.5, cut: qt0 = 2.5; adv0 = 1 + .5*E0 - 1 = 1.5; t=1 as A
+# D: as A with next_action_probs_target t0 [1, 0], t1 [0, 1]  ->  E = [2, 8] (c still from target)
+#                 delta1 = 1 + 4 - 2 = 3, qt1 = 5; delta0 = 1 + 1 - 1 = 1, Delta0 = 1 + .5*.75*3 = 2.125
+#                 adv0 = 1 + .5*5 - 1 = 2.5; adv1 = .75*(1 + .5*8 - 2) = 2.25
+GOLDEN_QT = [[3.4375, 4.5], [1.0, 4.5], [2.5, 4.5]]
+GOLDEN_ADV = [[2.25, 1.875], [0.0, 1.875], [1.5, 1.875]]
+GOLDEN_NEXT = ([3.125, 5.0], [2.5, 2.25])
+
+
+def _golden(fn, device):
+    def f(x):
+        return torch.tensor(x, dtype=torch.float32, device=device)
+
+    target = f([[[0.5, 0.5], [0.25, 0.75]]] * 3)
+    behavior = f([[0.25, 1.0]] * 3)
+    q = f([[1.0, 2.0]] * 3)
+    next_q = f([[[2.0, 4.0], [4.0, 8.0]]] * 3)
+    actions = torch.tensor([[0, 1]] * 3, device=device)
+    rewards = f([[1.0, 1.0]] * 3)
+    term = f([[0, 0], [1, 0], [0, 0]]).bool()
+    trunc = f([[0, 0], [0, 0], [1, 0]]).bool()
+    out = fn(target, behavior, q, next_q, actions, rewards, term, trunc, gamma=0.5)
+    golden(out, (GOLDEN_QT, GOLDEN_ADV))
+    out = fn(
+        target[0],
+        behavior[0],
+        q[0],
+        next_q[0],
+        actions[0],
+        rewards[0],
+        term[0],
+        trunc[0],
+        gamma=0.5,
+        next_action_probs_target=f([[1.0, 0.0], [0.0, 1.0]]),
+    )
+    assert out[0].shape == (2,) and out[1].shape == (2,)
+    golden(out, GOLDEN_NEXT)
+
+
+def test_golden_reference():
+    _golden(reference.compute_retrace, "cpu")
+
+
+def test_golden(path):
+    _golden(rl_triton.compute_retrace, path.device)
