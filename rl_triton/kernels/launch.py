@@ -13,20 +13,20 @@ import triton.language as tl
 
 from . import core, fused
 
-# Tile shapes. BT: time steps per chunk, BN: envs per program. Both come from size classes of
-# T and N (powers of two, capped), so a new rollout length only recompiles when it crosses a
-# class boundary. First H200 measurements behind these choices are in NOTES.md.
-_MAX_BT = 128
-_MAX_BN = 16
+# Tile shapes: BN envs per program, BT time steps per chunk. Size classes of T only (two), so a
+# new rollout length recompiles at most once. Chosen from a sweep of the GAE kernel on an H200
+# (BN in 2..16, BT in 32..256, 1..8 warps; NOTES.md, "Measurements"): many small programs win,
+# because each program walks its rows serially and the GPU needs many of them in flight.
+#   4096x2048: BN=2 BT=256 4 warps 52.8 us (best seen 48.4 at 1 warp; BN=16 BT=128 was 125 us)
+#   16384x256: BN=2 BT=64  4 warps 41.5 us (best seen 39.6)
+#   64x512:    BN=2 BT=64  4 warps 26.5 us (best seen 23.7)
+# Long rows with few envs need parallelism across time blocks, which this layout leaves room for.
+_MAX_BN = 2
 _NUM_WARPS = 4
 
 
-def _pow2_clamp(x: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(int(x), 1))))
-
-
-def _tiles(n: int, t: int, max_bn: int | None = None) -> tuple[int, int]:
-    return _pow2_clamp(n, 2, max_bn or _MAX_BN), _pow2_clamp(t, 16, _MAX_BT)
+def _tiles(n: int, t: int) -> tuple[int, int]:
+    return _MAX_BN, (64 if t <= 512 else 256)
 
 
 @functools.lru_cache(maxsize=256)
@@ -89,7 +89,7 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float) -> tuple[torch.Tensor,
 def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
     qt, adv = p.new_output(), p.new_output()
-    bn, bt = _tiles(p.num_envs, p.seq_len, max_bn=min(8, _MAX_BN))
+    bn, bt = _tiles(p.num_envs, p.seq_len)
     probs = t["action_probs_target"]
     with _on_device(p.device):
         fused.retrace_kernel[(triton.cdiv(p.num_envs, bn),)](
