@@ -79,23 +79,41 @@ def compute_gae(
     """
     fn = "compute_gae"
     _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
-    s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
+    return _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False)
+
+
+def _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all):
+    s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_), "next_all": next_all}
     p = prepare(
         fn,
         steps={"rewards": rewards, "values": values, "bootstrap_values": bootstrap_values},
         flags={"terminateds": terminateds, "truncateds": truncateds},
         per_env={"last_value": last_value},
-        required=("rewards", "values", "terminateds"),
+        required=("rewards", "values", "terminateds", *(("bootstrap_values",) if next_all else ())),
     )
-    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
+    if not next_all:
+        check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
         from .kernels import launch
 
-        return (launch.gae(p, s["gamma"], s["lambda_"]),)
+        return (launch.gae(p, s["gamma"], s["lambda_"], next_all),)
 
     (adv,) = run(p, reference.gae, s, kernel, ("rewards", "values", *_BOOT_DIFF), 1)
     return p.finish(adv)
+
+
+def gae_with_next_values(rewards, values, next_values, terminateds, dones, *, gamma, lambda_) -> torch.Tensor:
+    """GAE in TorchRL's form: ``next_values[t]`` = V(s_{t+1}) is used at every step (not only at
+    boundaries), ``dones`` cuts the recursion and ``terminateds`` zeroes the bootstrap::
+
+        delta_t = r_t + gamma (1 - term_t) next_values_t - values_t
+        A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}
+
+    Used by :mod:`rl_triton.modules`; same shapes and dtypes as :func:`compute_gae`.
+    """
+    fn = "gae_with_next_values"
+    return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True)
 
 
 def compute_vtrace(
@@ -149,10 +167,21 @@ def compute_vtrace(
     """
     fn = "compute_vtrace"
     _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
+    return _vtrace(
+        fn, log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma, rho_bar, c_bar,
+        bootstrap_values, last_value, False,
+    )  # fmt: skip
+
+
+def _vtrace(
+    fn, log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma, rho_bar, c_bar,
+    bootstrap_values, last_value, next_all,
+):  # fmt: skip
     s = {
         "gamma": scalar("gamma", gamma),
         "rho_bar": scalar("rho_bar", rho_bar, hi=None),
         "c_bar": scalar("c_bar", c_bar, hi=None),
+        "next_all": next_all,
     }
     p = prepare(
         fn,
@@ -167,15 +196,28 @@ def compute_vtrace(
         per_env={"last_value": last_value},
         required=("log_pi_target", "log_pi_behavior", "values", "rewards", "terminateds"),
     )
-    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
+    if not next_all:
+        check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
         from .kernels import launch
 
-        return launch.vtrace(p, s["gamma"], s["rho_bar"], s["c_bar"])
+        return launch.vtrace(p, s["gamma"], s["rho_bar"], s["c_bar"], next_all)
 
     vs, adv = run(p, reference.vtrace, s, kernel, ("rewards", "values", *_BOOT_DIFF), 2)
     return p.finish(vs), p.finish(adv)
+
+
+def vtrace_with_next_values(
+    log_pi_target, log_pi_behavior, values, next_values, rewards, terminateds, dones, *, gamma, rho_bar=1.0, c_bar=1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace in TorchRL's form: ``next_values[t]`` = V(s_{t+1}) at every step, ``dones`` cuts the
+    recursion (and makes the advantage bootstrap from ``next_values``), ``terminateds`` zeroes the
+    bootstrap. Returns ``(vs, advantages)``. Used by :mod:`rl_triton.modules`."""
+    return _vtrace(
+        "vtrace_with_next_values", log_pi_target, log_pi_behavior, values, rewards, terminateds, dones, gamma,
+        rho_bar, c_bar, next_values, None, True,
+    )  # fmt: skip
 
 
 def compute_retrace(

@@ -55,8 +55,12 @@ def _bootstrap(t: Tensors, bnd: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     return boot * bnd
 
 
-def _next_values(t: Tensors, values: torch.Tensor, bnd: torch.Tensor, boot: torch.Tensor) -> torch.Tensor:
-    """v_next_t = boot_t at boundary steps, values_{t+1} otherwise."""
+def _next_values(t: Tensors, s: dict, values: torch.Tensor, bnd: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """v_next_t = boot_t at boundary steps, values_{t+1} otherwise. With ``s["next_all"]`` the
+    ``bootstrap_values`` tensor holds V(s_{t+1}) at every step (TorchRL's form) and is used as is."""
+    if s.get("next_all"):
+        return _float(t, "bootstrap_values", acc)
+    boot = _bootstrap(t, bnd, acc)
     return torch.where(bnd.bool(), boot, shift(values, towards_future=True))
 
 
@@ -65,7 +69,7 @@ def gae(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor
     v = _float(t, "values", acc)
     term, trunc, bnd = _boundary(t, r)
     done = torch.maximum(term, trunc)
-    v_next = _next_values(t, v, bnd, _bootstrap(t, bnd, acc))
+    v_next = _next_values(t, s, v, bnd, acc)
     delta = r + s["gamma"] * (1 - term) * v_next - v
     a = s["gamma"] * s["lambda_"] * (1 - done)
     return (scan(a, delta, None, True),)
@@ -76,7 +80,7 @@ def vtrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Ten
     v = _float(t, "values", acc)
     term, trunc, bnd = _boundary(t, r)
     done = torch.maximum(term, trunc)
-    v_next = _next_values(t, v, bnd, _bootstrap(t, bnd, acc))
+    v_next = _next_values(t, s, v, bnd, acc)
     # Importance weights are constants for the gradient (IMPALA stops gradients through them).
     ratio = torch.exp(_float(t, "log_pi_target", acc) - _float(t, "log_pi_behavior", acc)).detach()
     rho = torch.clamp(ratio, max=s["rho_bar"])

@@ -45,6 +45,16 @@ def step_context(
     return b_term, b_trunc, b_bnd, b_boot
 
 
+@triton.jit
+def next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: tl.constexpr):
+    """v_next_t: boot_t at boundary steps, values_{t+1} elsewhere; with NEXT_ALL, p_boot holds
+    V(s_{t+1}) for every step and is read everywhere."""
+    if NEXT_ALL:
+        return tl.load(p_boot + off, mask=m, other=0).to(ACC)
+    b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
+    return tl.where(b_bnd != 0, b_boot, b_v1)
+
+
 @triton.jit(do_not_specialize=["N", "T", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
 def gae_kernel(
     p_r,  # [N, T] rewards
@@ -57,6 +67,7 @@ def gae_kernel(
     N, T,  # envs, steps
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,  # hyper-parameters as float32 hi/lo halves
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
+    NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
     ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     i_n = tl.program_id(0)
@@ -75,8 +86,7 @@ def gae_kernel(
         )
         b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
         b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
-        b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
-        b_vnext = tl.where(b_bnd != 0, b_boot, b_v1)
+        b_vnext = next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL, ACC)
         b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
         b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
@@ -88,7 +98,8 @@ def gae_kernel(
 def vtrace_step(
     p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
     gamma, rho_bar, c_bar,
-    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, ACC: tl.constexpr,
+    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
+    ACC: tl.constexpr,
 ):  # fmt: skip
     """V-trace prologue at the steps ``o_t``: (a, b) of D_t = b + a D_{t+1}, plus what the
     epilogue needs (rho, r, v, term, boundary, v_next)."""
@@ -97,8 +108,7 @@ def vtrace_step(
     )
     b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
     b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
-    b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
-    b_vnext = tl.where(b_bnd != 0, b_boot, b_v1)
+    b_vnext = next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL, ACC)
     b_lpt = tl.load(p_lpt + off, mask=m, other=0).to(ACC)
     b_lpb = tl.load(p_lpb + off, mask=m, other=0).to(ACC)
     b_ratio = tl.exp(b_lpt - b_lpb)
@@ -120,7 +130,7 @@ def vtrace_kernel(
     p_adv,  # [N, T] output policy-gradient advantages
     N, T,
     gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo,
-    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
+    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
     ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     i_n = tl.program_id(0)
@@ -137,13 +147,13 @@ def vtrace_kernel(
         off = o_row[:, None] + o_t[None, :]
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
-            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC,
+            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
         )  # fmt: skip
         # The same recurrence one step later in time gives D_{t+1} at slot t.
         m1 = m & (o_t + 1 < T)[None, :]
         b_a1, b_b1, _, _, _, _, _, _ = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off + 1, o_n, o_t + 1, m1, m_n, T,
-            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC,
+            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
         )  # fmt: skip
         b_d1, b_carry = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
         b_d = b_a * b_d1 + b_b

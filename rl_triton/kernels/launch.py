@@ -55,7 +55,7 @@ def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
     return fallback if x is None else x
 
 
-def gae(p, gamma: float, lambda_: float) -> torch.Tensor:
+def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor:
     t = p.tensors
     out = p.new_output()
     bn, bt = _tiles(p.num_envs, p.seq_len)
@@ -65,12 +65,13 @@ def gae(p, gamma: float, lambda_: float) -> torch.Tensor:
             r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
             _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),
             HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-            HAS_LAST=t.get("last_value") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt,
+            num_warps=_NUM_WARPS,
         )  # fmt: skip
     return out
 
 
-def vtrace(p, gamma: float, rho_bar: float, c_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
+def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
     vs, adv = p.new_output(), p.new_output()
     bn, bt = _tiles(p.num_envs, p.seq_len)
@@ -81,7 +82,8 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float) -> tuple[torch.Tensor,
             _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
             *hp(gamma), *hp(rho_bar), *hp(c_bar),
             HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-            HAS_LAST=t.get("last_value") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt,
+            num_warps=_NUM_WARPS,
         )  # fmt: skip
     return vs, adv
 
