@@ -49,6 +49,55 @@ def _on_device(device: torch.device):
     return contextlib.nullcontext()
 
 
+# ----------------------------------------------------------------------------------------------
+# Launch fast path. ``kernel[grid](...)`` spends ~20 us of host time per call in Triton's Python
+# dispatcher (argument binding, specialisation key, cache lookup), as long as the kernel itself
+# at 64x512 (benchmarks/host_overhead.py on the H200). After the first launch of a given
+# specialisation we keep Triton's compiled kernel and call its launcher directly. The cache key
+# holds everything Triton specialises on for these kernels: the constexprs, the warps, the
+# device, each tensor's dtype and 16-byte alignment (ints and floats are do_not_specialize).
+# Anything unusual (launch hooks, the interpreter, an older Triton) takes the normal path.
+
+_compiled: dict = {}
+
+
+def _fast_path_available() -> bool:
+    try:
+        from triton import knobs  # noqa: F401
+        from triton.compiler.compiler import CompiledKernel
+
+        return hasattr(CompiledKernel, "packed_metadata") or hasattr(CompiledKernel, "run")
+    except ImportError:
+        return False
+
+
+_FAST = _fast_path_available()
+
+
+def _launch(kernel, grid0: int, device: torch.device, args: tuple, constexprs: dict) -> None:
+    from .. import _config
+
+    if _config.INTERPRET or device.type != "cuda" or not _FAST:
+        kernel[(grid0,)](*args, **constexprs, num_warps=_NUM_WARPS)
+        return
+    from triton import knobs
+
+    sig = tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else type(a) for a in args)
+    key = (kernel, device.index, _NUM_WARPS, tuple(constexprs.items()), sig)
+    entry = _compiled.get(key)
+    if entry is None or knobs.runtime.launch_enter_hook is not None:
+        ck = kernel[(grid0,)](*args, **constexprs, num_warps=_NUM_WARPS)
+        if hasattr(ck, "result"):
+            ck = ck.result()
+        trailing = tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
+        _compiled[key] = (ck, trailing)
+        return
+    ck, trailing = entry
+    stream = torch.cuda.current_stream(device).cuda_stream
+    ck.run(grid0, 1, 1, stream, ck.function, ck.packed_metadata, None, None, knobs.runtime.launch_exit_hook,
+           *args, *trailing)  # fmt: skip
+
+
 def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
     """Optional inputs that are absent are passed as some valid pointer the kernel never reads."""
     x = t.get(key)
@@ -61,12 +110,12 @@ def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     with _on_device(p.device):
-        fused.gae_kernel[(triton.cdiv(p.num_envs, bn),)](
-            r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
-            _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),
-            HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt,
-            num_warps=_NUM_WARPS,
+        _launch(
+            fused.gae_kernel, triton.cdiv(p.num_envs, bn), p.device,
+            (r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
+            _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
+            dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt),
         )  # fmt: skip
     return out
 
@@ -77,13 +126,13 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     with _on_device(p.device):
-        fused.vtrace_kernel[(triton.cdiv(p.num_envs, bn),)](
-            t["log_pi_target"], t["log_pi_behavior"], t["values"], r, t["terminateds"], _dummy(t, "truncateds", r),
+        _launch(
+            fused.vtrace_kernel, triton.cdiv(p.num_envs, bn), p.device,
+            (t["log_pi_target"], t["log_pi_behavior"], t["values"], r, t["terminateds"], _dummy(t, "truncateds", r),
             _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
-            *hp(gamma), *hp(rho_bar), *hp(c_bar),
-            HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt,
-            num_warps=_NUM_WARPS,
+            *hp(gamma), *hp(rho_bar), *hp(c_bar),),
+            dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt),
         )  # fmt: skip
     return vs, adv
 
@@ -94,12 +143,13 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
     bn, bt = _tiles(p.num_envs, p.seq_len)
     probs = t["action_probs_target"]
     with _on_device(p.device):
-        fused.retrace_kernel[(triton.cdiv(p.num_envs, bn),)](
-            probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
+        _launch(
+            fused.retrace_kernel, triton.cdiv(p.num_envs, bn), p.device,
+            (probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
             t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
             qt, adv, p.num_envs, p.seq_len, p.num_actions,
-            *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),
-            HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+            *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
+            dict(HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
         )  # fmt: skip
     return qt, adv
 
@@ -110,11 +160,12 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     with _on_device(p.device):
-        fused.returns_kernel[(triton.cdiv(p.num_envs, bn),)](
-            r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
-            _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),
-            HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
-            HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+        _launch(
+            fused.returns_kernel, triton.cdiv(p.num_envs, bn), p.device,
+            (r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
+            _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
+            dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
+            HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
         )  # fmt: skip
     return out
 
@@ -125,10 +176,10 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
     bn, bt = _tiles(p.num_envs, p.seq_len)
     x = t["inputs"]
     with _on_device(p.device):
-        fused.forward_trace_kernel[(triton.cdiv(p.num_envs, bn),)](
-            x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale),
-            STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt,
-            num_warps=_NUM_WARPS,
+        _launch(
+            fused.forward_trace_kernel, triton.cdiv(p.num_envs, bn), p.device,
+            (x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale),),
+            dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
         )  # fmt: skip
     return out
 
@@ -141,8 +192,9 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, rev
         return x
     bn, bt = _tiles(n, t_len)
     with _on_device(b.device):
-        core.linear_scan_kernel[(triton.cdiv(n, bn),)](
-            a, b, b if init is None else init, x, n, t_len, REVERSE=reverse, HAS_INIT=init is not None,
-            ACC=_acc(b.dtype), BN=bn, BT=bt, num_warps=_NUM_WARPS,
+        _launch(
+            core.linear_scan_kernel, triton.cdiv(n, bn), b.device,
+            (a, b, b if init is None else init, x, n, t_len),
+            dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=bn, BT=bt),
         )  # fmt: skip
     return x

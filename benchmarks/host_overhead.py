@@ -1,0 +1,72 @@
+"""Where the host time of one compute_gae call goes (CUDA): validation, output allocation, the
+Triton launch, and the whole call. Wall-clock medians over many calls, GPU work excluded by
+measuring the CPU side only (the kernels are tiny and asynchronous).
+
+Usage: python benchmarks/host_overhead.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import rl_triton as R
+from rl_triton import _validation
+from rl_triton.kernels import fused, launch
+
+
+def per_call_us(fn, n: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return sorted(times)[2]
+
+
+def main() -> None:
+    n, t = 64, 512
+    r = torch.randn(n, t, device="cuda")
+    v = torch.randn(n, t, device="cuda")
+    term = torch.zeros(n, t, dtype=torch.bool, device="cuda")
+    out = torch.empty_like(r)
+
+    def prep():
+        return _validation.prepare(
+            "compute_gae",
+            steps={"rewards": r, "values": v, "bootstrap_values": None},
+            flags={"terminateds": term, "truncateds": None},
+            per_env={"last_value": None},
+            required=("rewards", "values", "terminateds"),
+        )
+
+    p = prep()
+    term8 = term.view(torch.uint8)
+
+    def raw_launch():
+        fused.gae_kernel[(32,)](
+            r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95),
+            HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, ACC=launch._acc(torch.float32),
+            BN=2, BT=64, num_warps=4,
+        )  # fmt: skip
+
+    rows = {
+        "torch.empty_like": per_call_us(lambda: torch.empty_like(r)),
+        "validation (prepare)": per_call_us(prep),
+        "launch.gae (alloc + launch)": per_call_us(lambda: launch.gae(p, 0.99, 0.95)),
+        "raw kernel[grid](...)": per_call_us(raw_launch),
+        "compute_gae (whole call)": per_call_us(lambda: R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95)),
+        "r.add(v) (a torch op, for scale)": per_call_us(lambda: r.add(v)),
+    }
+    for k, us in rows.items():
+        print(f"{k:40s} {us:7.1f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Shared machinery of the TorchRL-facing modules.
+
+* :func:`to_rows` / :func:`from_rows` bring a ``[..., T, ...]`` tensor to the ``(N, T)`` layout of
+  :mod:`rl_triton.functional` (time last, every other dim flattened into N) and back. Moving the time
+  dim is skipped when it is already last, and ``reshape`` returns a view whenever the strides allow
+  it (always for time-last tensors and for a trailing singleton feature dim such as ``[*B, T, 1]``).
+* :class:`CachedScalars` keeps Python-float copies of 0-d tensor buffers (``gamma``, ``lmbda``,
+  ...), so that a forward pass on CUDA passes plain floats to the kernels instead of calling
+  ``.item()`` (a host sync) every time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+
+import torch
+
+# --------------------------------------------------------------------------------------------
+# layout
+
+
+def to_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` with dim ``dim`` (non-negative) moved last and the others flattened: ``(N, T)``."""
+    if dim != x.ndim - 1:
+        x = x.movedim(dim, -1)
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
+def to_rows_actions(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` of shape ``[..., T, ..., A]`` with time at ``dim``: ``(N, T, A)`` (actions stay last)."""
+    if dim != x.ndim - 2:
+        x = x.movedim(dim, -2)
+    return x.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1])
+
+
+def from_rows(y: torch.Tensor, shape: Sequence[int], dim: int) -> torch.Tensor:
+    """Inverse of :func:`to_rows` for an original tensor of shape ``shape``."""
+    shape = tuple(shape)
+    if dim == len(shape) - 1:
+        return y.reshape(shape)
+    moved = shape[:dim] + shape[dim + 1 :] + (shape[dim],)
+    return y.reshape(moved).movedim(-1, dim)
+
+
+def common_float_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def same_shapes(*tensors: torch.Tensor | None) -> bool:
+    shapes = {tuple(t.shape) for t in tensors if t is not None}
+    return len(shapes) == 1
+
+
+def as_float(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def in_unit(*values: float | None) -> bool:
+    """All values are known and in [0, 1] (the range rl_triton accepts for gamma and lambda)."""
+    return all(v is not None and 0.0 <= v <= 1.0 for v in values)
+
+
+def non_negative(*values: float | None) -> bool:
+    return all(v is not None and v >= 0.0 for v in values)
+
+
+# --------------------------------------------------------------------------------------------
+# scalar buffers without host syncs
+
+
+def _version(t: torch.Tensor):
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors do not track versions
+        return None
+
+
+def _read(t: torch.Tensor) -> float | None:
+    """The value of a one-element real tensor that needs no gradient, else None (reads it: a sync
+    on an accelerator)."""
+    if t.numel() != 1 or t.requires_grad or t.is_complex() or t.dtype == torch.bool:
+        return None
+    return float(t.item())
+
+
+def _exact(value, dtype: torch.dtype) -> float | None:
+    """The float a Python number becomes once stored in a CPU tensor of ``dtype`` (no sync)."""
+    try:
+        return float(torch.tensor(value, dtype=dtype).item())
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+class CachedScalars:
+    """Mixin for ``nn.Module`` subclasses that keep hyper-parameters in 0-d tensor buffers.
+
+    :meth:`_scalar` returns the buffer's value as a Python float. It is read once and cached with
+    the buffer object and its version counter, so it is read again only when the buffer is
+    replaced or modified in place (e.g. ``load_state_dict``). Values are primed from the
+    constructor arguments (:meth:`_prime_scalars`) and carried across ``module.to(...)``
+    (:meth:`_apply`), so a module that lives on CUDA never needs ``.item()`` on a CUDA tensor
+    unless its buffers are changed behind its back. ``None`` means the buffer is not a scalar (or
+    needs a gradient): callers then fall back to TorchRL's own code.
+    """
+
+    _SCALAR_BUFFERS: tuple[str, ...] = ()
+
+    def _scalar_cache(self) -> dict:
+        cache = self.__dict__.get("_rlt_scalar_cache")
+        if cache is None:
+            cache = self.__dict__["_rlt_scalar_cache"] = {}
+        return cache
+
+    def _scalar(self, name: str) -> float | None:
+        buf = self._buffers.get(name)
+        if buf is None:
+            return None
+        cache = self._scalar_cache()
+        hit = cache.get(name)
+        version = _version(buf)
+        if hit is not None and hit[0] is buf and hit[1] == version:
+            return hit[2]
+        value = _read(buf)
+        cache[name] = (buf, version, value)
+        return value
+
+    def _known_scalar(self, name: str) -> float | None:
+        """Like :meth:`_scalar` but never syncs: None unless cached or the buffer is on the CPU."""
+        buf = self._buffers.get(name)
+        if buf is None:
+            return None
+        hit = self._scalar_cache().get(name)
+        if hit is not None and hit[0] is buf and hit[1] == _version(buf):
+            return hit[2]
+        if buf.device.type == "cpu":
+            return self._scalar(name)
+        return None
+
+    def _prime_scalars(self, **arguments) -> None:
+        """Caches the buffers' values from the constructor arguments they were made from."""
+        cache = self._scalar_cache()
+        for name, arg in arguments.items():
+            buf = self._buffers.get(name)
+            if buf is None or buf.numel() != 1 or buf.requires_grad:
+                continue
+            if isinstance(arg, torch.Tensor) or buf.device.type == "cpu":
+                value = _read(buf) if buf.device.type == "cpu" else _read(arg.detach().reshape(()).to(buf.dtype))
+            else:
+                value = _exact(arg, buf.dtype)
+            if value is not None:
+                cache[name] = (buf, _version(buf), value)
+
+    def _apply(self, fn, recurse=True):
+        known = {}
+        for name in self._SCALAR_BUFFERS:
+            buf = self._buffers.get(name)
+            if buf is not None:
+                value = self._known_scalar(name)
+                if value is not None:
+                    known[name] = (buf.dtype, value)
+        out = super()._apply(fn, recurse)
+        cache = self._scalar_cache()
+        for name, (dtype, value) in known.items():
+            buf = self._buffers.get(name)
+            if buf is None:
+                continue
+            if buf.dtype != dtype:
+                try:
+                    value = float(torch.tensor(value, dtype=dtype).to(buf.dtype).item())
+                except (TypeError, RuntimeError):
+                    continue
+            cache[name] = (buf, _version(buf), value)
+        return out
+
+
+def copy_signature(cls_init):
+    """Decorator giving a ``(self, **kwargs)`` ``__init__`` the signature of ``cls_init``."""
+
+    def deco(fn):
+        fn.__signature__ = inspect.signature(cls_init)
+        return fn
+
+    return deco
