@@ -74,6 +74,14 @@ def _fast_path_available() -> bool:
 _FAST = _fast_path_available()
 
 
+def _hooks_active(knobs) -> bool:
+    """Triton 3.6 keeps launch hooks in (usually empty) HookChains; older versions use None."""
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
 def _launch(kernel, grid0: int, device: torch.device, args: tuple, constexprs: dict) -> None:
     from .. import _config
 
@@ -85,17 +93,16 @@ def _launch(kernel, grid0: int, device: torch.device, args: tuple, constexprs: d
     sig = tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else type(a) for a in args)
     key = (kernel, device.index, _NUM_WARPS, tuple(constexprs.items()), sig)
     entry = _compiled.get(key)
-    if entry is None or knobs.runtime.launch_enter_hook is not None:
+    if entry is None or _hooks_active(knobs):
         ck = kernel[(grid0,)](*args, **constexprs, num_warps=_NUM_WARPS)
         if hasattr(ck, "result"):
             ck = ck.result()
         trailing = tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
-        _compiled[key] = (ck, trailing)
+        _compiled[key] = (ck, trailing, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
         return
-    ck, trailing = entry
-    stream = torch.cuda.current_stream(device).cuda_stream
-    ck.run(grid0, 1, 1, stream, ck.function, ck.packed_metadata, None, None, knobs.runtime.launch_exit_hook,
-           *args, *trailing)  # fmt: skip
+    ck, trailing, enter, exit_ = entry
+    stream = torch._C._cuda_getCurrentRawStream(device.index)
+    ck.run(grid0, 1, 1, stream, ck.function, ck.packed_metadata, None, enter, exit_, *args, *trailing)
 
 
 def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
