@@ -89,7 +89,8 @@ def vtrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Ten
     delta = rho * (target - v)
     d = scan(s["gamma"] * c * (1 - done), delta, None, True)
     vs = v + d
-    q = v_next + (1 - bnd) * shift(d, towards_future=True)  # vs_{t+1} inside the buffer
+    # q_t: vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer, v_next_t at boundary steps.
+    q = torch.where(bnd.bool(), v_next, shift(v, towards_future=True) + shift(d, towards_future=True))
     adv = rho * (r + s["gamma"] * (1 - term) * q - v)
     return vs, adv
 

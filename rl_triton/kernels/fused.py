@@ -151,13 +151,13 @@ def vtrace_kernel(
         )  # fmt: skip
         # The same recurrence one step later in time gives D_{t+1} at slot t.
         m1 = m & (o_t + 1 < T)[None, :]
-        b_a1, b_b1, _, _, _, _, _, _ = vtrace_step(
+        b_a1, b_b1, _, _, b_v1, _, _, _ = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off + 1, o_n, o_t + 1, m1, m_n, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
         )  # fmt: skip
         b_d1, b_carry = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
         b_d = b_a * b_d1 + b_b
-        b_q = b_vnext + tl.where(b_bnd != 0, 0.0, b_d1)  # vs_{t+1} inside the buffer
+        b_q = tl.where(b_bnd != 0, b_vnext, b_v1 + b_d1)  # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer
         tl.store(p_vs + off, b_v + b_d, mask=m)
         tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_q - b_v), mask=m)
 

@@ -1,0 +1,66 @@
+"""The private next-value forms used by rl_triton.modules (TorchRL's convention: V(s_{t+1}) given
+at every step, ``dones`` cut the recursion, ``terminateds`` zero the bootstrap), against float64
+loops written from TorchRL's documented recursions, with next values that differ from
+``values[t+1]`` so that reading the wrong one fails."""
+
+import pytest
+import torch
+
+from rl_triton.functional import gae_with_next_values, vtrace_with_next_values
+
+
+def _data(n, t, device):
+    g = torch.Generator().manual_seed(n * 1000 + t)
+    r, v, nv = (torch.randn(n, t, dtype=torch.float64, generator=g) for _ in range(3))
+    done = torch.rand(n, t, generator=g) < 0.2
+    term = done & (torch.rand(n, t, generator=g) < 0.5)
+    lpt, lpb = (0.5 * torch.randn(n, t, dtype=torch.float64, generator=g) for _ in range(2))
+    return [x.to(device) for x in (r, v, nv, done, term, lpt, lpb)]
+
+
+def _gae_loop(r, v, nv, done, term, gamma, lam):
+    done, term = done.double(), term.double()
+    out = torch.zeros_like(r)
+    acc = torch.zeros(r.shape[0], dtype=r.dtype)
+    for t in reversed(range(r.shape[1])):
+        delta = r[:, t] + gamma * (1 - term[:, t]) * nv[:, t] - v[:, t]
+        acc = delta + gamma * lam * (1 - done[:, t]) * acc
+        out[:, t] = acc
+    return out
+
+
+def _vtrace_loop(r, v, nv, done, term, lpt, lpb, gamma, rho_bar, c_bar):
+    done_f, term = done.double(), term.double()
+    ratio = torch.exp(lpt - lpb)
+    rho, c = ratio.clamp(max=rho_bar), ratio.clamp(max=c_bar)
+    n, t_len = r.shape
+    d = torch.zeros_like(r)
+    acc = torch.zeros(n, dtype=r.dtype)
+    for t in reversed(range(t_len)):
+        delta = rho[:, t] * (r[:, t] + gamma * (1 - term[:, t]) * nv[:, t] - v[:, t])
+        acc = delta + gamma * c[:, t] * (1 - done_f[:, t]) * acc
+        d[:, t] = acc
+    vs = v + d
+    adv = torch.zeros_like(r)
+    for t in range(t_len):
+        last = t == t_len - 1
+        nxt = torch.where(done[:, t] | last, nv[:, t], vs[:, t + 1] if not last else nv[:, t])
+        adv[:, t] = rho[:, t] * (r[:, t] + gamma * (1 - term[:, t]) * nxt - v[:, t])
+    return vs, adv
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 300)], ids=lambda s: f"N{s[0]}-T{s[1]}")
+def test_gae_with_next_values(path, shape):
+    r, v, nv, done, term, _, _ = _data(*shape, path.device)
+    got = gae_with_next_values(r, v, nv, term, done, gamma=0.97, lambda_=0.9)
+    want = _gae_loop(*(x.cpu() for x in (r, v, nv, done, term)), 0.97, 0.9)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 300)], ids=lambda s: f"N{s[0]}-T{s[1]}")
+def test_vtrace_with_next_values(path, shape):
+    r, v, nv, done, term, lpt, lpb = _data(*shape, path.device)
+    vs, adv = vtrace_with_next_values(lpt, lpb, v, nv, r, term, done, gamma=0.97, rho_bar=1.2, c_bar=0.9)
+    want_vs, want_adv = _vtrace_loop(*(x.cpu() for x in (r, v, nv, done, term, lpt, lpb)), 0.97, 1.2, 0.9)
+    torch.testing.assert_close(vs.cpu(), want_vs, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(adv.cpu(), want_adv, atol=1e-10, rtol=1e-10)
