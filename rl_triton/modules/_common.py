@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Sequence
@@ -52,8 +53,10 @@ def common_float_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 
 def same_shapes(*tensors: torch.Tensor | None) -> bool:
-    shapes = {tuple(t.shape) for t in tensors if t is not None}
-    return len(shapes) == 1
+    """All given and of one shape (else the caller defers to TorchRL, which raises its own error)."""
+    if any(t is None for t in tensors):
+        return False
+    return len({tuple(t.shape) for t in tensors}) == 1
 
 
 def as_float(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -176,6 +179,16 @@ class CachedScalars:
                     continue
             cache[name] = (buf, _version(buf), value)
         return out
+
+
+def expose_inherited_keys(keys_cls):
+    """Class decorator for an ``_AcceptedKeys`` dataclass that extends TorchRL's: TorchRL's
+    ``set_keys`` accepts only names found in the class's own ``__dict__``, so inherited fields are
+    copied there (with their defaults) to stay settable."""
+    for f in dataclasses.fields(keys_cls):
+        if f.name not in keys_cls.__dict__:
+            setattr(keys_cls, f.name, f.default)
+    return keys_cls
 
 
 def copy_signature(cls_init):

@@ -1,0 +1,682 @@
+"""TorchRL value estimators whose recursion runs in rl_triton.
+
+Each class subclasses TorchRL 0.14's estimator of the same name and keeps everything but the
+numeric core: constructor, defaults, ``_AcceptedKeys``/``set_keys``, ``in_keys``/``out_keys``, the
+value-network calls (``params``/``target_params``, ``shifted``, chunking, vmap), ``skip_existing``,
+``differentiable``, advantage standardisation, ``group_key`` and the keyword call form all come
+from TorchRL. The recursion over time is :mod:`rl_triton.functional` on an ``(N, T)`` view of the
+data: the time dim is moved last (only when it is not already) and every other dim flattened into
+N, which is a view for the usual ``[*B, T]`` and ``[*B, T, 1]`` layouts.
+
+Fallbacks: whenever a call holds something the kernels cannot express, that call runs TorchRL's own
+functional instead (same result, TorchRL's speed): a per-step discount (a ``steps_to_next_obs``
+entry, or ``gamma``/``lmbda`` buffers with more than one element or that require grad), ``gamma`` or
+``lmbda`` outside [0, 1], or per-step tensors whose shapes differ (TorchRL then raises its own
+error).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from tensordict import is_tensor_collection
+from tensordict.nn import CompositeDistribution, dispatch, set_composite_lp_aggregate
+from tensordict.utils import NestedKey
+from torchrl.objectives.utils import _maybe_get_or_select, hold_out_net
+from torchrl.objectives.value import advantages as _trl
+from torchrl.objectives.value import functional as _trl_fn
+from torchrl.objectives.value.advantages import _self_set_grad_enabled, _self_set_skip_existing
+
+from .. import functional as F
+from ._common import (
+    CachedScalars,
+    as_float,
+    common_float_dtype,
+    copy_signature,
+    expose_inherited_keys,
+    from_rows,
+    in_unit,
+    non_negative,
+    same_shapes,
+    to_rows,
+)
+
+__all__ = ["GAE", "MultiAgentGAE", "TD0Estimator", "TD1Estimator", "TDLambdaEstimator", "VTrace"]
+
+
+_TD0_ROW = 64  # row length of the flat TD(0) layout
+
+
+def _on_rows(fn, floats, flags, dim: int, n_out: int, **kwargs):
+    """Runs ``fn(*floats, *flags, **kwargs)`` on ``(N, T)`` views (time ``dim`` moved last) and
+    returns its outputs in the layout of ``floats[0]``. All tensors must share one shape."""
+    shape = floats[0].shape
+    dtype = common_float_dtype(*floats)
+    rows = [to_rows(as_float(x, dtype), dim) for x in floats] + [to_rows(f, dim) for f in flags]
+    out = fn(*rows, **kwargs)
+    if n_out == 1:
+        return from_rows(out, shape, dim)
+    return tuple(from_rows(o, shape, dim) for o in out)
+
+
+def _buffer_on(buf: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return buf if buf.device == device else buf.to(device)
+
+
+class _RLTritonEstimator(CachedScalars):
+    """Helpers shared by the estimators below (mixed in before the TorchRL base class)."""
+
+    #: TorchRL replaces NaN ``("next", obs)`` entries by the root ones before calling the value
+    #: network, but only after ``isnan(...).any()``, a host sync on an accelerator. When True (the
+    #: default), tensors off the CPU get the same replacement without the check (one ``where`` per
+    #: floating input key, same values); CPU tensors keep TorchRL's code.
+    sync_free_nan_check: bool = True
+
+    @classmethod
+    def _sanitize_next_obs_nan(cls, data, in_keys):
+        if not cls.sync_free_nan_check:
+            return _trl.ValueEstimatorBase._sanitize_next_obs_nan(data, in_keys)
+        copied = False
+        for key in in_keys:
+            root = data.get(key, default=None)
+            if root is None or not root.is_floating_point():
+                continue
+            next_key = ("next", *key) if isinstance(key, tuple) else ("next", key)
+            nxt = data.get(next_key, default=None)
+            if nxt is None or nxt.shape != root.shape:
+                continue
+            if nxt.device.type == "cpu":
+                if not torch.isnan(nxt).any():
+                    continue
+            if not copied:
+                data = data.copy()
+                copied = True
+            data.set(next_key, torch.where(torch.isnan(nxt), root, nxt))
+        return data
+
+    def _values(self, tensordict, params, target_params, *, always_hold: bool = False, check: bool = False):
+        """Value and next value, from the value network (TorchRL's ``_call_value_nets``) or from
+        the tensordict; records ``"shifted_valid"`` like TorchRL."""
+        if self.value_network is not None:
+            if params is not None:
+                params = params.detach()
+                if target_params is None:
+                    target_params = params.clone(False)
+            held = always_hold or (params is None and target_params is None)
+            with hold_out_net(self.value_network) if held else nullcontext():
+                value, next_value, valid = self._call_value_nets(
+                    data=tensordict,
+                    params=params,
+                    next_params=target_params,
+                    single_call=self.shifted,
+                    value_key=self.tensor_keys.value,
+                    detach_next=True,
+                    vmap_randomness=self.vmap_randomness,
+                )
+                if valid is not None:
+                    tensordict.set("shifted_valid", valid)
+            return value, next_value
+        value = tensordict.get(self.tensor_keys.value)
+        next_value = tensordict.get(("next", self.tensor_keys.value))
+        if check:
+            if value is None:
+                raise ValueError(
+                    f"The tensor with key {self.tensor_keys.value} is missing, and no value network was provided."
+                )
+            if next_value is None:
+                raise ValueError(
+                    f"The tensor with key {('next', self.tensor_keys.value)} is missing, and no value network was "
+                    "provided."
+                )
+        return value, next_value
+
+    def _signals(self, data):
+        reward = data.get(("next", self.tensor_keys.reward))
+        done = data.get(("next", self.tensor_keys.done))
+        terminated = data.get(("next", self.tensor_keys.terminated), default=done)
+        return reward, done, terminated
+
+    def _steps_to_next_obs(self, tensordict):
+        return tensordict.get(self.tensor_keys.steps_to_next_obs, None)
+
+    def _torchrl_gamma(self, reward, steps):
+        """The discount exactly as TorchRL forms it (fallback paths only)."""
+        gamma = _buffer_on(self.gamma, reward.device)
+        if steps is not None:
+            gamma = gamma ** steps.view_as(reward)
+        return gamma
+
+    def _standardize_rewards(self, tensordict, reward, eps):
+        groups = self._group_ids(tensordict)
+        if groups is None:
+            reward = reward - reward.mean()
+            reward = reward / reward.std().clamp_min(eps)
+        else:
+            reward = _trl._standardize_by_group(reward, groups, eps=eps)
+        # written back, as TorchRL does, for code that reads the rewards later
+        tensordict.set(("next", self.tensor_keys.reward), reward)
+        return reward
+
+    def _td_forward(self, tensordict, params, target_params):
+        """TD(0)/TD(1)/TD(lambda) forward pass (value_target from :meth:`value_estimate`)."""
+        if tensordict.batch_dims < 1:
+            raise RuntimeError(
+                "Expected input tensordict to have at least one dimensions, got"
+                f"tensordict.batch_size = {tensordict.batch_size}"
+            )
+        if self.is_stateless and params is None:
+            raise RuntimeError("Expected params to be passed to advantage module but got none.")
+        value, next_value = self._values(tensordict, params, target_params)
+        valid = tensordict.get("shifted_valid", default=None)
+        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, self._get_time_dim(None, tensordict))
+        value_target = self.value_estimate(data_for_value, next_value=next_value)
+        tensordict.set(self.tensor_keys.advantage, value_target - value)
+        tensordict.set(self.tensor_keys.value_target, value_target)
+        self._mask_shifted_output(tensordict, valid)
+        return tensordict
+
+
+# --------------------------------------------------------------------------------------------
+# TD(0)
+
+
+class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
+    """TD(0) (one-step bootstrapped) targets, rl_triton-backed.
+
+    Replaces :class:`torchrl.objectives.value.TD0Estimator`; same constructor, keys and outputs::
+
+        from rl_triton.modules import TD0Estimator   # instead of torchrl.objectives.value
+
+    ``value_target = r + gamma * (1 - terminated) * V(s')`` and ``advantage = value_target - V(s)``,
+    computed by :func:`rl_triton.compute_lambda_returns` with ``lambda_=0`` on the data viewed as
+    short rows (the estimate is elementwise, so no time dim is involved) with every step flagged
+    as a boundary (so a non-finite value never leaks into a neighbouring step).
+
+    Falls back to TorchRL's ``td0_return_estimate`` for a per-step discount (``steps_to_next_obs``
+    present, or a non-scalar / grad-requiring ``gamma``), ``gamma`` outside [0, 1] or mismatched
+    shapes.
+    """
+
+    _SCALAR_BUFFERS = ("gamma",)
+
+    @copy_signature(_trl.TD0Estimator.__init__)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._prime_scalars(gamma=kwargs.get("gamma"))
+
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
+    def forward(self, tensordict, *, params=None, target_params=None):
+        """Computes the TD(0) advantage and target (see :class:`torchrl.objectives.value.TD0Estimator`)."""
+        return self._td_forward(tensordict, params, target_params)
+
+    def value_estimate(self, tensordict, target_params=None, next_value=None, **kwargs):
+        reward = tensordict.get(("next", self.tensor_keys.reward))
+        steps = self._steps_to_next_obs(tensordict)
+        if self.average_rewards:
+            reward = self._standardize_rewards(tensordict, reward, 1e-5)
+        if next_value is None:
+            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
+        done = tensordict.get(("next", self.tensor_keys.done))
+        terminated = tensordict.get(("next", self.tensor_keys.terminated), default=done)
+        gamma = self._scalar("gamma")
+        if steps is not None or not in_unit(gamma) or not same_shapes(next_value, reward, terminated):
+            return _trl_fn.td0_return_estimate(
+                gamma=self._torchrl_gamma(reward, steps),
+                next_state_value=next_value,
+                reward=reward,
+                done=done,
+                terminated=terminated,
+            )
+        # elementwise: any (N, L) split of the flat data gives the same numbers; short rows keep
+        # every kernel program busy (one long row would be a sequential walk over all elements)
+        dtype = common_float_dtype(reward, next_value)
+        rows = (-1, math.gcd(reward.numel(), _TD0_ROW)) if reward.numel() else (0, 1)
+        nv = as_float(next_value, dtype).reshape(rows)
+        r = as_float(reward, dtype).reshape(rows)
+        every_step = torch.ones(r.shape, dtype=torch.bool, device=r.device)
+        out = F.compute_lambda_returns(
+            r, nv, terminated.reshape(rows), every_step, gamma=gamma, lambda_=0.0, bootstrap_values=nv
+        )
+        return out.view(reward.shape)
+
+
+# --------------------------------------------------------------------------------------------
+# TD(1)
+
+
+class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
+    """TD(1) (Monte-Carlo, bootstrapped at cuts) targets, rl_triton-backed.
+
+    Replaces :class:`torchrl.objectives.value.TD1Estimator`; same constructor, keys and outputs::
+
+        from rl_triton.modules import TD1Estimator   # instead of torchrl.objectives.value
+
+    ``value_target`` is :func:`rl_triton.compute_discounted_returns` with ``terminateds=terminated``,
+    ``truncateds=done`` and ``bootstrap_values=V(s')``: the discounted return restarts at every done
+    step, bootstraps from ``V(s')`` at done-but-not-terminated steps and at the last step.
+
+    Falls back to TorchRL's ``vec_td1_return_estimate`` for a per-step discount
+    (``steps_to_next_obs``, non-scalar or grad-requiring ``gamma``), ``gamma`` outside [0, 1] or
+    mismatched shapes.
+    """
+
+    _SCALAR_BUFFERS = ("gamma",)
+
+    @copy_signature(_trl.TD1Estimator.__init__)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._prime_scalars(gamma=kwargs.get("gamma"))
+
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
+    def forward(self, tensordict, *, params=None, target_params=None):
+        """Computes the TD(1) advantage and target (see :class:`torchrl.objectives.value.TD1Estimator`)."""
+        return self._td_forward(tensordict, params, target_params)
+
+    def value_estimate(self, tensordict, target_params=None, next_value=None, time_dim=None, **kwargs):
+        reward = tensordict.get(("next", self.tensor_keys.reward))
+        steps = self._steps_to_next_obs(tensordict)
+        if self.average_rewards:
+            reward = self._standardize_rewards(tensordict, reward, 1e-5)
+        if next_value is None:
+            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
+        time_dim = self._get_time_dim(time_dim, tensordict)
+        valid = tensordict.get("shifted_valid", default=None)
+        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        reward, done, terminated = self._signals(data_for_value)
+        gamma = self._scalar("gamma")
+        if steps is not None or not in_unit(gamma) or not same_shapes(next_value, reward, done, terminated):
+            return _trl_fn.vec_td1_return_estimate(
+                self._torchrl_gamma(reward, steps),
+                next_value,
+                reward,
+                done=done,
+                terminated=terminated,
+                time_dim=time_dim,
+            )
+        return _on_rows(
+            lambda r, nv, term, dn: F.compute_discounted_returns(r, term, dn, gamma=gamma, bootstrap_values=nv),
+            [reward, next_value],
+            [terminated, done],
+            time_dim,
+            1,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# TD(lambda)
+
+
+class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
+    """TD(lambda) targets, rl_triton-backed.
+
+    Replaces :class:`torchrl.objectives.value.TDLambdaEstimator`; same constructor, keys and
+    outputs::
+
+        from rl_triton.modules import TDLambdaEstimator   # instead of torchrl.objectives.value
+
+    ``value_target`` is :func:`rl_triton.compute_lambda_returns` with ``next_values=V(s')``,
+    ``terminateds=terminated``, ``truncateds=done`` and ``bootstrap_values=V(s')``. The
+    ``vectorized`` flag is accepted but has no effect (both TorchRL paths compute the same numbers).
+
+    Falls back to TorchRL's ``vec_td_lambda_return_estimate`` / ``td_lambda_return_estimate`` for
+    a per-step discount (``steps_to_next_obs``, non-scalar or grad-requiring ``gamma``/``lmbda``),
+    ``gamma``/``lmbda`` outside [0, 1] or mismatched shapes.
+    """
+
+    _SCALAR_BUFFERS = ("gamma", "lmbda")
+
+    @copy_signature(_trl.TDLambdaEstimator.__init__)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._prime_scalars(gamma=kwargs.get("gamma"), lmbda=kwargs.get("lmbda"))
+
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
+    def forward(self, tensordict, *, params=None, target_params=None):
+        """Computes the TD(lambda) advantage and target (see :class:`torchrl.objectives.value.TDLambdaEstimator`)."""
+        return self._td_forward(tensordict, params, target_params)
+
+    def value_estimate(self, tensordict, target_params=None, next_value=None, time_dim=None, **kwargs):
+        reward = tensordict.get(("next", self.tensor_keys.reward))
+        steps = self._steps_to_next_obs(tensordict)
+        if self.average_rewards:
+            reward = self._standardize_rewards(tensordict, reward, 1e-4)
+        if next_value is None:
+            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
+        time_dim = self._get_time_dim(time_dim, tensordict)
+        valid = tensordict.get("shifted_valid", default=None)
+        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        reward, done, terminated = self._signals(data_for_value)
+        gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
+        if steps is not None or not in_unit(gamma, lmbda) or not same_shapes(next_value, reward, done, terminated):
+            fn = _trl_fn.vec_td_lambda_return_estimate if self.vectorized else _trl_fn.td_lambda_return_estimate
+            return fn(
+                self._torchrl_gamma(reward, steps),
+                _buffer_on(self.lmbda, reward.device),
+                next_value,
+                reward,
+                done=done,
+                terminated=terminated,
+                time_dim=time_dim,
+            )
+        return _on_rows(
+            lambda r, nv, term, dn: F.compute_lambda_returns(
+                r, nv, term, dn, gamma=gamma, lambda_=lmbda, bootstrap_values=nv
+            ),
+            [reward, next_value],
+            [terminated, done],
+            time_dim,
+            1,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# GAE
+
+
+class GAE(_RLTritonEstimator, _trl.GAE):
+    """Generalized Advantage Estimation, rl_triton-backed.
+
+    Replaces :class:`torchrl.objectives.value.GAE`; same constructor (``gamma``, ``lmbda``,
+    ``value_network``, ``average_gae``, ``shifted``, ``time_dim``, ``auto_reset_env``, ...), keys
+    and outputs (``advantage``, ``value_target``, and ``state_value`` / ``("next", "state_value")``
+    when a value network is called)::
+
+        from rl_triton.modules import GAE   # instead of torchrl.objectives.value
+
+    The recursion is rl_triton's TorchRL-form GAE: ``V(s')`` read at every step,
+    ``delta_t = r_t + gamma (1 - terminated_t) V(s'_t) - V(s_t)``,
+    ``A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}``, ``value_target = A + V(s)``. The
+    ``vectorized`` flag is accepted but has no effect.
+
+    Falls back to TorchRL's functional for a per-step discount (``steps_to_next_obs``, non-scalar or
+    grad-requiring ``gamma``/``lmbda``), ``gamma``/``lmbda`` outside [0, 1] or mismatched shapes.
+    Deviation: with ``auto_reset_env=True`` the truncation bonus ``gamma * V(s) * truncated`` is
+    always added (TorchRL first checks ``truncated.any()``, a host sync); the numbers are the same
+    unless ``V(s)`` is not finite.
+    """
+
+    _SCALAR_BUFFERS = ("gamma", "lmbda")
+
+    @copy_signature(_trl.GAE.__init__)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._prime_scalars(gamma=kwargs.get("gamma"), lmbda=kwargs.get("lmbda"))
+
+    def _gae(self, steps_reward, steps, value, next_value, reward, done, terminated, time_dim, vectorized=None):
+        """(advantage, value_target). ``steps_reward`` is the un-broadcast reward that TorchRL shapes
+        a per-step discount after."""
+        gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
+        shapes_ok = same_shapes(value, next_value, reward, done, terminated)
+        if steps is not None or not in_unit(gamma, lmbda) or not shapes_ok:
+            vectorized = self.vectorized if vectorized is None else vectorized
+            fn = _trl_fn.vec_generalized_advantage_estimate if vectorized else _trl_fn.generalized_advantage_estimate
+            return fn(
+                self._torchrl_gamma(steps_reward, steps),
+                _buffer_on(self.lmbda, reward.device),
+                value,
+                next_value,
+                reward,
+                done=done,
+                terminated=terminated,
+                time_dim=time_dim,
+            )
+        adv = _on_rows(
+            lambda r, v, nv, term, dn: F.gae_with_next_values(r, v, nv, term, dn, gamma=gamma, lambda_=lmbda),
+            [reward, value, next_value],
+            [terminated, done],
+            time_dim,
+            1,
+        )
+        return adv, adv + value
+
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
+    def forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
+        """Computes GAE (see :class:`torchrl.objectives.value.GAE`); writes ``advantage`` and ``value_target``."""
+        if tensordict.batch_dims < 1:
+            raise RuntimeError(
+                "Expected input tensordict to have at least one dimension, got "
+                f"tensordict.batch_size = {tensordict.batch_size}"
+            )
+        steps_reward = tensordict.get(("next", self.tensor_keys.reward))
+        steps = self._steps_to_next_obs(tensordict)
+        value, next_value = self._values(tensordict, params, target_params, check=True)
+        time_dim = self._get_time_dim(time_dim, tensordict)
+        valid = tensordict.get("shifted_valid", default=None)
+        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        reward, done, terminated = self._signals(data_for_value)
+        reward, done, terminated = self._prepare_signals(reward, done, terminated, value)
+        if self.auto_reset_env:
+            truncated = self._broadcast_optional(tensordict.get(("next", "truncated")), value)
+            gamma = self._scalar("gamma")
+            if steps is not None or gamma is None:
+                gamma = self._torchrl_gamma(steps_reward, steps)
+            # TorchRL adds this only when truncated.any(), a host sync; adding zeros is the same
+            reward = reward + gamma * value * truncated
+            terminated = done
+        adv, value_target = self._gae(steps_reward, steps, value, next_value, reward, done, terminated, time_dim)
+        if self.average_gae:
+            adv = self._normalize_advantage(adv, valid, groups=self._group_ids(tensordict))
+        tensordict.set(self.tensor_keys.advantage, adv)
+        tensordict.set(self.tensor_keys.value_target, value_target)
+        self._mask_shifted_output(tensordict, valid)
+        return tensordict
+
+    def value_estimate(self, tensordict, params=None, target_params=None, time_dim=None, **kwargs):
+        """The GAE value target ``A + V(s)`` (see :meth:`torchrl.objectives.value.GAE.value_estimate`)."""
+        if tensordict.batch_dims < 1:
+            raise RuntimeError(
+                "Expected input tensordict to have at least one dimensions, got"
+                f"tensordict.batch_size = {tensordict.batch_size}"
+            )
+        steps_reward = tensordict.get(("next", self.tensor_keys.reward))
+        steps = self._steps_to_next_obs(tensordict)
+        time_dim = self._get_time_dim(time_dim, tensordict)
+        if self.is_stateless and params is None:
+            raise RuntimeError("Expected params to be passed to advantage module but got none.")
+        value, next_value = self._values(tensordict, params, target_params)
+        valid = tensordict.get("shifted_valid", default=None)
+        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        reward, done, terminated = self._signals(data_for_value)
+        reward, done, terminated = self._prepare_signals(reward, done, terminated, value)
+        _, value_target = self._gae(
+            steps_reward, steps, value, next_value, reward, done, terminated, time_dim, vectorized=True
+        )
+        return value_target
+
+
+class MultiAgentGAE(_trl.MultiAgentGAE, GAE):
+    """Multi-agent GAE, rl_triton-backed.
+
+    Replaces :class:`torchrl.objectives.value.MultiAgentGAE`; same constructor (``agent_dim`` plus
+    :class:`GAE`'s arguments), keys and outputs::
+
+        from rl_triton.modules import MultiAgentGAE   # instead of torchrl.objectives.value
+
+    Team-level reward/done/terminated (``[*B, T, 1]``) are broadcast over the agent dim of the
+    per-agent values (``[*B, T, n_agents, 1]``) exactly as TorchRL does; the broadcast signals are
+    materialised once for the kernel (N = batch x agents rows). Per-agent advantage standardisation
+    (``average_gae``) is TorchRL's. Same fallbacks as :class:`GAE`.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# V-trace
+
+
+# rl_triton's ``vtrace_with_next_values`` bootstraps the advantage from ``next_values_t + D_{t+1}``
+# where TorchRL (and SEMANTICS.md's vs_{t+1}) use ``values_{t+1} + D_{t+1}``; the two differ
+# whenever V(s'_t) != V(s_{t+1}) (target parameters, stochastic value nets). Until the kernel reads
+# ``values_{t+1}`` there, the advantage is formed here from the kernel's ``vs``. Set to True once it does.
+_KERNEL_VTRACE_ADVANTAGE = True
+
+
+def _vtrace_rows(lpi, lmu, v, nv, r, term, dn, gamma, rho_bar, c_bar):
+    """(vs, advantages) on ``(N, T)`` rows, in TorchRL's form."""
+    vs, adv = F.vtrace_with_next_values(lpi, lmu, v, nv, r, term, dn, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar)
+    if _KERNEL_VTRACE_ADVANTAGE:
+        return vs, adv
+    done = dn if dn.dtype == torch.bool else dn != 0
+    not_term = (term == 0).to(v.dtype)
+    vs_next = torch.where(done, nv, torch.cat([vs[:, 1:], nv[:, -1:]], dim=1))
+    rho = (lpi - lmu).exp().clamp_max(rho_bar)
+    return vs, rho * (r + gamma * not_term * vs_next - v)
+
+
+class VTrace(_RLTritonEstimator, _trl.VTrace):
+    """V-trace (IMPALA) targets and advantages, rl_triton-backed.
+
+    Replaces :class:`torchrl.objectives.value.VTrace`; same constructor (``gamma``,
+    ``actor_network``, ``value_network``, ``rho_thresh``, ``c_thresh``, ``average_adv``, ...), keys
+    and outputs (``advantage``: the policy-gradient advantage ``rho_t (r_t + gamma (1 - term_t)
+    vs_{t+1} - V(s_t))``; ``value_target``: the V-trace target ``vs``)::
+
+        from rl_triton.modules import VTrace   # instead of torchrl.objectives.value
+
+    The recursion is :func:`rl_triton.functional.vtrace_with_next_values` (``V(s')`` at every step,
+    ``done`` cuts the trace, ``terminated`` zeroes the bootstrap).
+
+    Deviation (a fix): TorchRL 0.14 evaluates log pi on an action *drawn from* (or the mode of) the
+    current actor's distribution, not on the action stored in the batch, so its importance ratio
+    ``rho = pi(a)/mu(a)`` compares two different actions. This class scores the stored action:
+    ``log pi = actor_network.get_dist(td).log_prob(td[action])`` (``action`` is a new settable key,
+    default ``"action"``; composite distributions are scored on the whole tensordict with
+    log-probabilities summed over heads; per-dimension log-probabilities are summed over the
+    trailing dims). ``log mu`` is read from the ``sample_log_prob`` key as in TorchRL. The actor is
+    held out of the graph (no gradient), as in TorchRL. ``in_keys`` additionally lists the action.
+
+    Falls back to TorchRL's ``vtrace_advantage_estimate`` (with the stored-action log pi) for a
+    per-step discount (``steps_to_next_obs``), non-scalar thresholds, ``gamma`` outside [0, 1] or
+    mismatched shapes.
+    """
+
+    _SCALAR_BUFFERS = ("gamma", "rho_thresh", "c_thresh")
+
+    @expose_inherited_keys
+    @dataclass
+    class _AcceptedKeys(_trl.VTrace._AcceptedKeys):
+        """TorchRL's keys plus ``action``: the stored action that the target policy scores."""
+
+        action: NestedKey = "action"
+
+    default_keys = _AcceptedKeys
+
+    @copy_signature(_trl.VTrace.__init__)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._prime_scalars(
+            gamma=kwargs.get("gamma"), rho_thresh=kwargs.get("rho_thresh", 1.0), c_thresh=kwargs.get("c_thresh", 1.0)
+        )
+
+    @classmethod
+    def for_loss(cls, loss_module, **hyperparams):
+        """TorchRL's wiring (critic + actor), plus the loss's action key when it has one."""
+        estimator = super().for_loss(loss_module, **hyperparams)
+        keys = getattr(loss_module, "tensor_keys", None)
+        action = getattr(keys, "action", None) if keys is not None else None
+        if isinstance(action, (str, tuple)):
+            estimator.set_keys(action=action)
+        return estimator
+
+    @property
+    def in_keys(self):
+        keys = super().in_keys
+        if self.tensor_keys.action not in keys:
+            keys = keys + [self.tensor_keys.action]
+        return keys
+
+    def _log_pi(self, tensordict, value):
+        """log pi(a_t | s_t) of the stored action under the current actor, shaped like ``value``."""
+        actor = self.actor_network
+        with hold_out_net(actor), set_composite_lp_aggregate(True):
+            dist = actor.get_dist(tensordict.select(*actor.in_keys, strict=False))
+            if isinstance(dist, CompositeDistribution):
+                log_pi = dist.log_prob(tensordict)
+            else:
+                action = _maybe_get_or_select(tensordict, self.tensor_keys.action)
+                if action is None:
+                    raise KeyError(
+                        f"VTrace: the stored action {self.tensor_keys.action!r} is missing from the tensordict; it is "
+                        "needed to score the taken action under the target policy (set it with set_keys(action=...))"
+                    )
+                log_pi = dist.log_prob(action)
+        if is_tensor_collection(log_pi):
+            log_pi = log_pi.sum(dim="feature", reduce=True)
+        if log_pi.numel() != value.numel() and log_pi.ndim > tensordict.ndim:
+            log_pi = log_pi.flatten(tensordict.ndim, -1).sum(-1)
+        return log_pi.reshape(value.shape)
+
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
+    def forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
+        """Computes V-trace (see :class:`torchrl.objectives.value.VTrace`); writes ``advantage``, ``value_target``."""
+        if tensordict.batch_dims < 1:
+            raise RuntimeError(
+                "Expected input tensordict to have at least one dimensions, got "
+                f"tensordict.batch_size = {tensordict.batch_size}"
+            )
+        steps = self._steps_to_next_obs(tensordict)
+        steps_reward = tensordict.get(("next", self.tensor_keys.reward))
+        value, next_value = self._values(tensordict, params, target_params, always_hold=True)
+
+        lp = _maybe_get_or_select(tensordict, self.tensor_keys.sample_log_prob)
+        if is_tensor_collection(lp):
+            lp = lp.sum(dim="feature", reduce=True)
+        log_mu = lp.view_as(value)
+        log_pi = self._log_pi(tensordict, value)
+
+        time_dim = self._get_time_dim(time_dim, tensordict)
+        valid = tensordict.get("shifted_valid", default=None)
+        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        reward, done, terminated = self._signals(data_for_value)
+
+        gamma, rho, c = self._scalar("gamma"), self._scalar("rho_thresh"), self._scalar("c_thresh")
+        if (
+            steps is not None
+            or not in_unit(gamma)
+            or not non_negative(rho, c)
+            or not same_shapes(value, next_value, reward, done, terminated, log_pi, log_mu)
+        ):
+            adv, value_target = _trl_fn.vtrace_advantage_estimate(
+                self._torchrl_gamma(steps_reward, steps),
+                log_pi,
+                log_mu,
+                value,
+                next_value,
+                reward,
+                done,
+                terminated,
+                rho_thresh=self.rho_thresh,
+                c_thresh=self.c_thresh,
+                time_dim=time_dim,
+            )
+        else:
+            value_target, adv = _on_rows(
+                lambda lpi, lmu, v, nv, r, term, dn: _vtrace_rows(lpi, lmu, v, nv, r, term, dn, gamma, rho, c),
+                [log_pi, log_mu, value, next_value, reward],
+                [terminated, done],
+                time_dim,
+                2,
+            )
+
+        if self.average_adv:
+            groups = self._group_ids(tensordict)
+            if groups is None:
+                adv = (adv - adv.mean()) / adv.std().clamp_min(1e-5)
+            else:
+                adv = _trl._standardize_by_group(adv, groups, eps=1e-5)
+        tensordict.set(self.tensor_keys.advantage, adv)
+        tensordict.set(self.tensor_keys.value_target, value_target)
+        self._mask_shifted_output(tensordict, valid)
+        return tensordict

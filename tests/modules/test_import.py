@@ -1,0 +1,28 @@
+"""Import hygiene: TorchRL is an optional extra, only rl_triton.modules may import it."""
+
+import os
+import subprocess
+import sys
+
+
+def _run(code: str) -> str:
+    env = dict(os.environ)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_core_package_does_not_import_torchrl():
+    out = _run(
+        "import sys, rl_triton, rl_triton.functional\n"
+        "print(sorted(m for m in ('torchrl', 'tensordict') if m in sys.modules))"
+    )
+    assert out == "[]", f"`import rl_triton` imported {out}"
+
+
+def test_modules_subpackage_imports_torchrl():
+    out = _run("import sys, rl_triton.modules as m\nprint('torchrl' in sys.modules, sorted(m.__all__))")
+    assert out.startswith("True")
+    for name in ("GAE", "MultiAgentGAE", "Retrace", "Reward2GoTransform", "TD0Estimator", "TD1Estimator",
+                 "TDLambdaEstimator", "VTrace", "register_with_torchrl"):  # fmt: skip
+        assert f"'{name}'" in out
