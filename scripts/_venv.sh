@@ -141,13 +141,13 @@ _rlt_install() {
         cuda)
             rlt_log "NVIDIA GPU found; installing torch (CUDA build) and rl-triton[dev]"
             "${pip[@]}" torch
-            "${pip[@]}" -e "$RLT_REPO[dev,torchrl]"
+            "${pip[@]}" -e "$RLT_REPO[dev,torchrl,examples]"
             ;;
         cpu)
             local torch_spec="${RL_TRITON_TORCH_SPEC:-torch==2.13.0}" triton_spec="${RL_TRITON_TRITON_SPEC:-triton==3.6.0}"
             rlt_log "no CUDA GPU; installing $torch_spec (CPU build), $triton_spec and rl-triton[dev]"
             "${pip[@]}" "$torch_spec" "$triton_spec"
-            "${pip[@]}" -e "$RLT_REPO[dev,torchrl]" "$torch_spec" "$triton_spec"
+            "${pip[@]}" -e "$RLT_REPO[dev,torchrl,examples]" "$torch_spec" "$triton_spec"
             ;;
     esac
 }
