@@ -70,10 +70,13 @@ class _RLTritonEstimator(CachedScalars):
     """Helpers shared by the estimators below (mixed in before the TorchRL base class)."""
 
     #: TorchRL replaces NaN ``("next", obs)`` entries by the root ones before calling the value
-    #: network, but only after ``isnan(...).any()``, a host sync on an accelerator. When True (the
-    #: default), tensors off the CPU get the same replacement without the check (one ``where`` per
-    #: floating input key, same values); CPU tensors keep TorchRL's code.
-    sync_free_nan_check: bool = True
+    #: network, but only after ``isnan(...).any()``, a host sync on an accelerator. When True,
+    #: tensors off the CPU get the same replacement without the check (one ``where`` per floating
+    #: input key, same values); CPU tensors keep TorchRL's code. Off by default: the replacement
+    #: works on a shallow copy of the tensordict, so the value network's outputs
+    #: (``state_value``, ``("next", "state_value")``) would not reach the caller's tensordict as
+    #: they do with TorchRL (the CUDA parity tests caught this).
+    sync_free_nan_check: bool = False
 
     @classmethod
     def _sanitize_next_obs_nan(cls, data, in_keys):
