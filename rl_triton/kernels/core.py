@@ -39,6 +39,22 @@ def time_offsets(i_c, T, BT: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
+def env_block(N, T, BN: tl.constexpr):
+    """The envs of this program: ids [BN], their mask, and the offset of each row's first element
+    (int64: N * T may exceed 2^31)."""
+    o_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    return o_n, o_n < N, o_n.to(tl.int64) * T
+
+
+@triton.jit
+def chunk(i_c, T, o_row, m_n, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Chunk ``i_c`` of the program's rows: time of each slot [BT], mask and element offsets [BN, BT]."""
+    o_t = time_offsets(i_c, T, BT, REVERSE)
+    m = m_n[:, None] & ((o_t >= 0) & (o_t < T))[None, :]
+    return o_t, m, o_row[:, None] + o_t[None, :]
+
+
+@triton.jit
 def hp_scalar(hi, lo, ACC: tl.constexpr):
     """Rebuilds a float64 hyper-parameter passed as two float32 halves (Triton passes Python
     floats as float32): exact to ~1e-15 in float64 mode, the float32 value in float32 mode."""
@@ -65,18 +81,13 @@ def linear_scan_kernel(
     BN: tl.constexpr,  # envs per program
     BT: tl.constexpr,  # time steps per chunk
 ):
-    i_n = tl.program_id(0)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    o_row = o_n.to(tl.int64) * T
+    o_n, m_n, o_row = env_block(N, T, BN)
     if HAS_INIT:
         b_carry = tl.load(p_init + o_n, mask=m_n, other=0).to(ACC)
     else:
         b_carry = tl.zeros([BN], dtype=ACC)
     for i_c in range(0, tl.cdiv(T, BT)):
-        o_t = time_offsets(i_c, T, BT, REVERSE)
-        m = m_n[:, None] & ((o_t >= 0) & (o_t < T))[None, :]
-        off = o_row[:, None] + o_t[None, :]
+        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, REVERSE)
         b_a = tl.load(p_a + off, mask=m, other=1).to(ACC)
         b_b = tl.load(p_b + off, mask=m, other=0).to(ACC)
         b_x, b_carry = scan_chunk(b_a, b_b, b_carry, BT)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .core import hp_scalar, load_flag, scan_chunk, time_offsets
+from .core import chunk, env_block, hp_scalar, load_flag, scan_chunk
 
 
 @triton.jit
@@ -70,17 +70,12 @@ def gae_kernel(
     NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
     ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
-    i_n = tl.program_id(0)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    o_row = o_n.to(tl.int64) * T
+    o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
     b_carry = tl.zeros([BN], dtype=ACC)
     for i_c in range(0, tl.cdiv(T, BT)):
-        o_t = time_offsets(i_c, T, BT, True)
-        m = m_n[:, None] & (o_t >= 0)[None, :]
-        off = o_row[:, None] + o_t[None, :]
+        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
         )
@@ -133,18 +128,13 @@ def vtrace_kernel(
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
     ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
-    i_n = tl.program_id(0)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    o_row = o_n.to(tl.int64) * T
+    o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
     b_carry = tl.zeros([BN], dtype=ACC)
     for i_c in range(0, tl.cdiv(T, BT)):
-        o_t = time_offsets(i_c, T, BT, True)
-        m = m_n[:, None] & (o_t >= 0)[None, :]
-        off = o_row[:, None] + o_t[None, :]
+        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
@@ -227,19 +217,14 @@ def retrace_kernel(
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo,
     HAS_TRUNC: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
-    i_n = tl.program_id(0)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    o_row = o_n.to(tl.int64) * T
+    o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
     b_carry = tl.zeros([BN], dtype=ACC)
     for i_c in range(0, tl.cdiv(T, BT)):
-        o_t = time_offsets(i_c, T, BT, True)
-        m = m_n[:, None] & (o_t >= 0)[None, :]
-        off = o_row[:, None] + o_t[None, :]
+        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
             gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
@@ -268,17 +253,12 @@ def returns_kernel(
     ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
-    i_n = tl.program_id(0)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    o_row = o_n.to(tl.int64) * T
+    o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     b_carry = tl.zeros([BN], dtype=ACC)
     for i_c in range(0, tl.cdiv(T, BT)):
-        o_t = time_offsets(i_c, T, BT, True)
-        m = m_n[:, None] & (o_t >= 0)[None, :]
-        off = o_row[:, None] + o_t[None, :]
+        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_boot, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, False, ACC
         )
@@ -307,19 +287,14 @@ def forward_trace_kernel(
     HAS_SEED: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
-    i_n = tl.program_id(0)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    o_row = o_n.to(tl.int64) * T
+    o_n, m_n, o_row = env_block(N, T, BN)
     scale = hp_scalar(scale_hi, scale_lo, ACC)
     if HAS_SEED:
         b_carry = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
     else:
         b_carry = tl.zeros([BN], dtype=ACC)
     for i_c in range(0, tl.cdiv(T, BT)):
-        o_t = time_offsets(i_c, T, BT, False)
-        m = m_n[:, None] & (o_t < T)[None, :]
-        off = o_row[:, None] + o_t[None, :]
+        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, False)
         if STARTS_AT:
             b_done = load_flag(p_done, off, m, ACC)
         else:

@@ -136,6 +136,20 @@ class _RLTritonEstimator(CachedScalars):
                 )
         return value, next_value
 
+    def _td_inputs(self, tensordict, target_params, next_value, time_dim, kwargs, eps: float):
+        """What TorchRL's TD(1)/TD(lambda) ``value_estimate`` reads, in its order: rewards
+        standardised in place when ``average_rewards`` (``eps`` as TorchRL uses for that class),
+        V(s') from the value network unless given, the time dim, and the (shifted) signals."""
+        steps = self._steps_to_next_obs(tensordict)
+        if self.average_rewards:
+            self._standardize_rewards(tensordict, tensordict.get(("next", self.tensor_keys.reward)), eps)
+        if next_value is None:
+            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
+        time_dim = self._get_time_dim(time_dim, tensordict)
+        valid = tensordict.get("shifted_valid", default=None)
+        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        return (steps, next_value, time_dim, *self._signals(data_for_value))
+
     def _signals(self, data):
         reward = data.get(("next", self.tensor_keys.reward))
         done = data.get(("next", self.tensor_keys.done))
@@ -283,16 +297,9 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
         return self._td_forward(tensordict, params, target_params)
 
     def value_estimate(self, tensordict, target_params=None, next_value=None, time_dim=None, **kwargs):
-        reward = tensordict.get(("next", self.tensor_keys.reward))
-        steps = self._steps_to_next_obs(tensordict)
-        if self.average_rewards:
-            reward = self._standardize_rewards(tensordict, reward, 1e-5)
-        if next_value is None:
-            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
-        time_dim = self._get_time_dim(time_dim, tensordict)
-        valid = tensordict.get("shifted_valid", default=None)
-        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
-        reward, done, terminated = self._signals(data_for_value)
+        steps, next_value, time_dim, reward, done, terminated = self._td_inputs(
+            tensordict, target_params, next_value, time_dim, kwargs, eps=1e-5
+        )
         gamma = self._scalar("gamma")
         if steps is not None or not in_unit(gamma) or not same_shapes(next_value, reward, done, terminated):
             return _trl_fn.vec_td1_return_estimate(
@@ -348,16 +355,9 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
         return self._td_forward(tensordict, params, target_params)
 
     def value_estimate(self, tensordict, target_params=None, next_value=None, time_dim=None, **kwargs):
-        reward = tensordict.get(("next", self.tensor_keys.reward))
-        steps = self._steps_to_next_obs(tensordict)
-        if self.average_rewards:
-            reward = self._standardize_rewards(tensordict, reward, 1e-4)
-        if next_value is None:
-            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
-        time_dim = self._get_time_dim(time_dim, tensordict)
-        valid = tensordict.get("shifted_valid", default=None)
-        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
-        reward, done, terminated = self._signals(data_for_value)
+        steps, next_value, time_dim, reward, done, terminated = self._td_inputs(
+            tensordict, target_params, next_value, time_dim, kwargs, eps=1e-4
+        )
         gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
         if steps is not None or not in_unit(gamma, lmbda) or not same_shapes(next_value, reward, done, terminated):
             fn = _trl_fn.vec_td_lambda_return_estimate if self.vectorized else _trl_fn.td_lambda_return_estimate
