@@ -22,11 +22,46 @@ def linear_combine(a_l, b_l, a_r, b_r):
 
 @triton.jit
 def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr):
-    """Inclusive scan of one [BN, BT] chunk seeded with the carry [BN]; returns (x, new carry)."""
+    """Inclusive scan of one [BN, BT] chunk seeded with the carry [BN]. Returns (x, new carry, the
+    chunk's product of a), the last two being the chunk's aggregate for multi-block scans."""
     b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine)
     b_x = b_A * b_carry[:, None] + b_B
     b_last = tl.arange(0, BT)[None, :] == BT - 1
-    return b_x, tl.sum(tl.where(b_last, b_x, 0.0), 1)
+    return b_x, tl.sum(tl.where(b_last, b_x, 0.0), 1), tl.sum(tl.where(b_last, b_A, 0.0), 1)
+
+
+# Multi-block scans. One program per (env block, time block) when rows are long and envs few:
+#   PHASE 0: single pass, the program walks the whole row (CPB = all chunks, one time block).
+#   PHASE 1: each program scans its time block from a zero state and stores the block's aggregate
+#            (A = product of a, B = final state) in [N, NK] buffers; no outputs are written.
+#   (host)   the generic scan kernel runs over the aggregates in processing order: the state after
+#            each block.
+#   PHASE 2: each program rescans its time block starting from the state after the previous block
+#            and writes the outputs.
+# Inputs are read twice (PHASE 1 and 2) but every program has work: a 1 x 1M row becomes hundreds
+# of programs instead of one walking 1M steps.
+
+
+@triton.jit
+def block_begin(p_state, o_n, m_n, NK, CPB, T, BT: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
+                BN: tl.constexpr):  # fmt: skip
+    """This program's time block: (block id, first chunk, end chunk, carry entering it, A = 1)."""
+    i_k = tl.program_id(1)
+    c_lo = i_k * CPB
+    c_hi = tl.minimum(c_lo + CPB, tl.cdiv(T, BT))
+    b_carry = tl.zeros([BN], dtype=ACC)
+    if PHASE == 2:
+        b_carry = tl.load(p_state + o_n.to(tl.int64) * NK + i_k - 1, mask=m_n & (i_k > 0), other=0).to(ACC)
+    return i_k, c_lo, c_hi, b_carry, tl.full([BN], 1.0, dtype=ACC)
+
+
+@triton.jit
+def block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_A, b_carry, PHASE: tl.constexpr):
+    """PHASE 1: store the time block's aggregate (A, B)."""
+    if PHASE == 1:
+        off = o_n.to(tl.int64) * NK + i_k
+        tl.store(p_agg_a + off, b_A, mask=m_n)
+        tl.store(p_agg_b + off, b_carry, mask=m_n)
 
 
 @triton.jit
@@ -90,5 +125,5 @@ def linear_scan_kernel(
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, REVERSE)
         b_a = tl.load(p_a + off, mask=m, other=1).to(ACC)
         b_b = tl.load(p_b + off, mask=m, other=0).to(ACC)
-        b_x, b_carry = scan_chunk(b_a, b_b, b_carry, BT)
+        b_x, b_carry, _ = scan_chunk(b_a, b_b, b_carry, BT)
         tl.store(p_x + off, b_x, mask=m)

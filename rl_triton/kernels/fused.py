@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .core import chunk, env_block, hp_scalar, load_flag, scan_chunk
+from .core import block_begin, block_end, chunk, env_block, hp_scalar, load_flag, scan_chunk
 
 
 @triton.jit
@@ -55,7 +55,7 @@ def next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: 
     return tl.where(b_bnd != 0, b_boot, b_v1)
 
 
-@triton.jit(do_not_specialize=["N", "T", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
+@triton.jit(do_not_specialize=["N", "T", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
 def gae_kernel(
     p_r,  # [N, T] rewards
     p_v,  # [N, T] values V(s_t)
@@ -66,15 +66,16 @@ def gae_kernel(
     p_adv,  # [N, T] output advantages
     N, T,  # envs, steps
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,  # hyper-parameters as float32 hi/lo halves
+    p_agg_a, p_agg_b, NK, CPB,  # multi-block: [N, NK] aggregates / states, chunks per time block
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
     NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
-    ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    b_carry = tl.zeros([BN], dtype=ACC)
-    for i_c in range(0, tl.cdiv(T, BT)):
+    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
@@ -85,8 +86,11 @@ def gae_kernel(
         b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
         b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
-        b_x, b_carry = scan_chunk(b_a, b_b, b_carry, BT)
-        tl.store(p_adv + off, b_x, mask=m)
+        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT)
+        b_Ablk *= b_Ac
+        if PHASE != 1:
+            tl.store(p_adv + off, b_x, mask=m)
+    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
 @triton.jit
@@ -114,7 +118,7 @@ def vtrace_step(
     return b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext
 
 
-@triton.jit(do_not_specialize=["N", "T", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
+@triton.jit(do_not_specialize=["N", "T", "NK", "CPB", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
 def vtrace_kernel(
     p_lpt,  # [N, T] log pi_target(a_t | s_t)
     p_lpb,  # [N, T] log pi_behavior(a_t | s_t)
@@ -125,15 +129,16 @@ def vtrace_kernel(
     p_adv,  # [N, T] output policy-gradient advantages
     N, T,
     gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo,
+    p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
-    ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
-    b_carry = tl.zeros([BN], dtype=ACC)
-    for i_c in range(0, tl.cdiv(T, BT)):
+    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
@@ -145,11 +150,14 @@ def vtrace_kernel(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off + 1, o_n, o_t + 1, m1, m_n, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
         )  # fmt: skip
-        b_d1, b_carry = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
+        b_d1, b_carry, b_Ac = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
+        b_Ablk *= b_Ac
         b_d = b_a * b_d1 + b_b
         b_q = tl.where(b_bnd != 0, b_vnext, b_v1 + b_d1)  # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer
-        tl.store(p_vs + off, b_v + b_d, mask=m)
-        tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_q - b_v), mask=m)
+        if PHASE != 1:
+            tl.store(p_vs + off, b_v + b_d, mask=m)
+            tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_q - b_v), mask=m)
+    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
 @triton.jit
@@ -192,6 +200,8 @@ def retrace_step(
     do_not_specialize=[
         "N",
         "T",
+        "NK",
+        "CPB",
         "A",
         "gamma_hi",
         "gamma_lo",
@@ -215,15 +225,16 @@ def retrace_kernel(
     p_adv,  # [N, T] output advantages
     N, T, A,
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo,
-    HAS_TRUNC: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
+    HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
-    b_carry = tl.zeros([BN], dtype=ACC)
-    for i_c in range(0, tl.cdiv(T, BT)):
+    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
@@ -234,14 +245,17 @@ def retrace_kernel(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off + 1, o_t + 1, m1, T, A,
             gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
         )  # fmt: skip
-        b_d1, b_carry = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
+        b_d1, b_carry, b_Ac = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
+        b_Ablk *= b_Ac
         b_d = b_a * b_d1 + b_b
         b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
-        tl.store(p_qt + off, b_q + b_d, mask=m)
-        tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_x - b_q), mask=m)
+        if PHASE != 1:
+            tl.store(p_qt + off, b_q + b_d, mask=m)
+            tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_x - b_q), mask=m)
+    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
-@triton.jit(do_not_specialize=["N", "T", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
+@triton.jit(do_not_specialize=["N", "T", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
 def returns_kernel(
     p_r,  # [N, T] rewards
     p_nv,  # [N, T] next values V(s_{t+1}) (if HAS_NV; TD(lambda) returns)
@@ -249,15 +263,16 @@ def returns_kernel(
     p_g,  # [N, T] output returns
     N, T,
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,
+    p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
-    ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    b_carry = tl.zeros([BN], dtype=ACC)
-    for i_c in range(0, tl.cdiv(T, BT)):
+    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_boot, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, False, ACC
@@ -271,11 +286,14 @@ def returns_kernel(
         b_disc = gamma * (1 - b_term)
         b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
         b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
-        b_g, b_carry = scan_chunk(b_a, b_b, b_carry, BT)
-        tl.store(p_g + off, b_g, mask=m)
+        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT)
+        b_Ablk *= b_Ac
+        if PHASE != 1:
+            tl.store(p_g + off, b_g, mask=m)
+    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
-@triton.jit(do_not_specialize=["N", "T", "scale_hi", "scale_lo"])
+@triton.jit(do_not_specialize=["N", "T", "NK", "CPB", "scale_hi", "scale_lo"])
 def forward_trace_kernel(
     p_x,  # [N, T] gradients (eligibility traces) or inputs (prefix sums)
     p_done,  # [N, T] dones (any dtype)
@@ -283,17 +301,19 @@ def forward_trace_kernel(
     p_out,  # [N, T] output
     N, T,
     scale_hi, scale_lo,  # gamma * lambda (eligibility traces) or 1 (prefix sums)
+    p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     STARTS_AT: tl.constexpr,  # reset at the flagged step instead of the step after it
-    HAS_SEED: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    HAS_SEED: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
     o_n, m_n, o_row = env_block(N, T, BN)
     scale = hp_scalar(scale_hi, scale_lo, ACC)
+    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
     if HAS_SEED:
-        b_carry = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
-    else:
-        b_carry = tl.zeros([BN], dtype=ACC)
-    for i_c in range(0, tl.cdiv(T, BT)):
+        if PHASE != 1:  # the first time block starts from the seed (later ones from the carry pass)
+            b_seed = tl.load(p_seed + o_n, mask=m_n & (i_k == 0), other=0).to(ACC)
+            b_carry = tl.where(i_k == 0, b_seed, b_carry)
+    for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, False)
         if STARTS_AT:
             b_done = load_flag(p_done, off, m, ACC)
@@ -301,5 +321,8 @@ def forward_trace_kernel(
             b_done = load_flag(p_done, off - 1, m & (o_t >= 1)[None, :], ACC)
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
-        b_y, b_carry = scan_chunk(b_a, b_b, b_carry, BT)
-        tl.store(p_out + off, b_y, mask=m)
+        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT)
+        b_Ablk *= b_Ac
+        if PHASE != 1:
+            tl.store(p_out + off, b_y, mask=m)
+    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)

@@ -82,11 +82,11 @@ def _hooks_active(knobs) -> bool:
     return False
 
 
-def _launch(kernel, grid0: int, device: torch.device, args: tuple, constexprs: dict) -> None:
+def _launch(kernel, grid: tuple[int, int], device: torch.device, args: tuple, constexprs: dict) -> None:
     from .. import _config
 
     if _config.INTERPRET or device.type != "cuda" or not _FAST:
-        kernel[(grid0,)](*args, **constexprs, num_warps=_NUM_WARPS)
+        kernel[grid](*args, **constexprs, num_warps=_NUM_WARPS)
         return
     from triton import knobs
 
@@ -94,7 +94,7 @@ def _launch(kernel, grid0: int, device: torch.device, args: tuple, constexprs: d
     key = (kernel, device.index, _NUM_WARPS, tuple(constexprs.items()), sig)
     entry = _compiled.get(key)
     if entry is None or _hooks_active(knobs):
-        ck = kernel[(grid0,)](*args, **constexprs, num_warps=_NUM_WARPS)
+        ck = kernel[grid](*args, **constexprs, num_warps=_NUM_WARPS)
         if hasattr(ck, "result"):
             ck = ck.result()
         trailing = tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
@@ -102,7 +102,41 @@ def _launch(kernel, grid0: int, device: torch.device, args: tuple, constexprs: d
         return
     ck, trailing, enter, exit_ = entry
     stream = torch._C._cuda_getCurrentRawStream(device.index)
-    ck.run(grid0, 1, 1, stream, ck.function, ck.packed_metadata, None, enter, exit_, *args, *trailing)
+    ck.run(grid[0], grid[1], 1, stream, ck.function, ck.packed_metadata, None, enter, exit_, *args, *trailing)
+
+
+# Multi-block scans (kernels/core.py): when the env blocks alone give too few programs for the
+# GPU and rows are long, each row is split into time blocks of CPB chunks, scanned in two passes
+# with a carry pass over the block aggregates in between. Size classes only: no recompilation.
+_TARGET_PROGRAMS = 1024  # H200: 132 SMs, several resident programs each
+_MIN_CHUNKS_PER_BLOCK = 4
+_MIN_CHUNKS_FOR_SPLIT = 16  # rows shorter than this stay single-pass (three launches cost more)
+
+
+def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
+    """(number of time blocks, chunks per block) for one launch."""
+    if env_programs * 2 >= _TARGET_PROGRAMS or n_chunks < _MIN_CHUNKS_FOR_SPLIT:
+        return 1, n_chunks
+    nk = max(1, min(triton.cdiv(_TARGET_PROGRAMS, env_programs), n_chunks // _MIN_CHUNKS_PER_BLOCK))
+    cpb = triton.cdiv(n_chunks, nk)
+    return triton.cdiv(n_chunks, cpb), cpb
+
+
+def _scan_launch(kernel, n: int, t_len: int, device, args: tuple, constexprs: dict, init=None) -> None:
+    """Launches a fused kernel single-pass or as a multi-block scan (PHASE 1, carry pass, PHASE 2)."""
+    env_programs = triton.cdiv(n, constexprs["BN"])
+    n_chunks = triton.cdiv(t_len, constexprs["BT"])
+    nk, cpb = _time_blocks(env_programs, n_chunks)
+    dummy = args[0]
+    if nk == 1:
+        _launch(kernel, (env_programs, 1), device, (*args, dummy, dummy, 1, n_chunks), {**constexprs, "PHASE": 0})
+        return
+    acc_dtype = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
+    agg_a = torch.empty((n, nk), dtype=acc_dtype, device=device)
+    agg_b = torch.empty_like(agg_a)
+    _launch(kernel, (env_programs, nk), device, (*args, agg_a, agg_b, nk, cpb), {**constexprs, "PHASE": 1})
+    state = linear_scan(agg_a, agg_b, None if init is None else init.to(acc_dtype), False)
+    _launch(kernel, (env_programs, nk), device, (*args, agg_a, state, nk, cpb), {**constexprs, "PHASE": 2})
 
 
 def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
@@ -117,8 +151,8 @@ def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     with _on_device(p.device):
-        _launch(
-            fused.gae_kernel, triton.cdiv(p.num_envs, bn), p.device,
+        _scan_launch(
+            fused.gae_kernel, p.num_envs, p.seq_len, p.device,
             (r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
             _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
             dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
@@ -133,8 +167,8 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     with _on_device(p.device):
-        _launch(
-            fused.vtrace_kernel, triton.cdiv(p.num_envs, bn), p.device,
+        _scan_launch(
+            fused.vtrace_kernel, p.num_envs, p.seq_len, p.device,
             (t["log_pi_target"], t["log_pi_behavior"], t["values"], r, t["terminateds"], _dummy(t, "truncateds", r),
             _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
             *hp(gamma), *hp(rho_bar), *hp(c_bar),),
@@ -150,8 +184,8 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
     bn, bt = _tiles(p.num_envs, p.seq_len)
     probs = t["action_probs_target"]
     with _on_device(p.device):
-        _launch(
-            fused.retrace_kernel, triton.cdiv(p.num_envs, bn), p.device,
+        _scan_launch(
+            fused.retrace_kernel, p.num_envs, p.seq_len, p.device,
             (probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
             t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
             qt, adv, p.num_envs, p.seq_len, p.num_actions,
@@ -167,8 +201,8 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     with _on_device(p.device):
-        _launch(
-            fused.returns_kernel, triton.cdiv(p.num_envs, bn), p.device,
+        _scan_launch(
+            fused.returns_kernel, p.num_envs, p.seq_len, p.device,
             (r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
             _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
             dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
@@ -183,10 +217,11 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
     bn, bt = _tiles(p.num_envs, p.seq_len)
     x = t["inputs"]
     with _on_device(p.device):
-        _launch(
-            fused.forward_trace_kernel, triton.cdiv(p.num_envs, bn), p.device,
+        _scan_launch(
+            fused.forward_trace_kernel, p.num_envs, p.seq_len, p.device,
             (x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale),),
             dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
+            init=t.get("seed_values"),
         )  # fmt: skip
     return out
 
@@ -200,7 +235,7 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, rev
     bn, bt = _tiles(n, t_len)
     with _on_device(b.device):
         _launch(
-            core.linear_scan_kernel, triton.cdiv(n, bn), b.device,
+            core.linear_scan_kernel, (triton.cdiv(n, bn), 1), b.device,
             (a, b, b if init is None else init, x, n, t_len),
             dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=bn, BT=bt),
         )  # fmt: skip
