@@ -22,6 +22,7 @@ import torch
 
 from . import reference
 from ._dispatch import run
+from ._ops import compilable
 from ._validation import check_data, check_probabilities, prepare, scalar
 
 _BOOT_DIFF = ("bootstrap_values", "last_value")
@@ -37,6 +38,12 @@ def _check_bootstrap(fn: str, truncateds, bootstrap_values, last_value) -> None:
         )
 
 
+@compilable(
+    tensors=("rewards", "values", "terminateds", "truncateds", "bootstrap_values", "last_value"),
+    floats=("gamma", "lambda_"),
+    like="rewards",
+    n_out=1,
+)
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -116,6 +123,21 @@ def gae_with_next_values(rewards, values, next_values, terminateds, dones, *, ga
     return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True)
 
 
+@compilable(
+    tensors=(
+        "log_pi_target",
+        "log_pi_behavior",
+        "values",
+        "rewards",
+        "terminateds",
+        "truncateds",
+        "bootstrap_values",
+        "last_value",
+    ),
+    floats=("gamma", "rho_bar", "c_bar"),
+    like="rewards",
+    n_out=2,
+)
 def compute_vtrace(
     log_pi_target: torch.Tensor,
     log_pi_behavior: torch.Tensor,
@@ -220,6 +242,22 @@ def vtrace_with_next_values(
     )  # fmt: skip
 
 
+@compilable(
+    tensors=(
+        "action_probs_target",
+        "action_probs_behavior",
+        "q_values",
+        "next_q_values_all",
+        "actions",
+        "rewards",
+        "terminateds",
+        "truncateds",
+        "next_action_probs_target",
+    ),
+    floats=("gamma", "lambda_", "c_bar", "rho_bar"),
+    like="rewards",
+    n_out=2,
+)
 def compute_retrace(
     action_probs_target: torch.Tensor,
     action_probs_behavior: torch.Tensor,
@@ -309,6 +347,9 @@ def compute_retrace(
     return p.finish(qt), p.finish(adv)
 
 
+@compilable(
+    tensors=("rewards", "terminateds", "truncateds", "bootstrap_values"), floats=("gamma",), like="rewards", n_out=1
+)
 def compute_discounted_returns(
     rewards: torch.Tensor,
     terminateds: torch.Tensor,
@@ -359,6 +400,12 @@ def compute_discounted_returns(
     return p.finish(g)
 
 
+@compilable(
+    tensors=("rewards", "next_values", "terminateds", "truncateds", "bootstrap_values"),
+    floats=("gamma", "lambda_"),
+    like="rewards",
+    n_out=1,
+)
 def compute_lambda_returns(
     rewards: torch.Tensor,
     next_values: torch.Tensor,
@@ -431,6 +478,7 @@ def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict) -> torc
     return p.finish(y)
 
 
+@compilable(tensors=("gradients", "dones", "seed_values"), floats=("gamma", "lambda_"), like="gradients", n_out=1)
 def compute_eligibility_traces(
     gradients: torch.Tensor,
     dones: torch.Tensor,
@@ -466,6 +514,7 @@ def compute_eligibility_traces(
     return _forward_trace("compute_eligibility_traces", "gradients", gradients, dones, seed_values, s)
 
 
+@compilable(tensors=("inputs", "dones", "seed_values"), floats=(), strings=("boundary",), like="inputs", n_out=1)
 def compute_episodic_prefix_sum(
     inputs: torch.Tensor,
     dones: torch.Tensor,

@@ -1,0 +1,150 @@
+"""``torch.library`` custom ops, so that ``torch.compile(fullgraph=True)`` of code calling the
+public functions compiles without graph breaks.
+
+Eager calls never come here: each public function runs its own validation and kernels directly
+(the fastest path). While Dynamo traces (``torch.compiler.is_compiling()``), the public function
+instead emits one opaque op, ``rl_triton::call``, carrying the function name, its tensor
+arguments, its float hyper-parameters and its string options; at run time the op calls the eager
+function. Gradients go through a second opaque op, ``rl_triton::call_backward``, which re-runs
+the eager function under autograd (the same path eager backward uses), so AOTAutograd never
+traces our Python.
+"""
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+import torch
+
+# name -> (eager function, tensor argument names, float argument names, str argument names,
+#          argument whose per-step shape and dtype the outputs take, number of outputs)
+_REGISTRY: dict = {}
+
+
+def compilable(*, tensors: tuple, floats: tuple, strings: tuple = (), like: str, n_out: int) -> Callable:
+    """Decorator for a public function: under ``torch.compile`` the call becomes ``rl_triton::call``."""
+
+    def wrap(fn):
+        name = fn.__name__
+        _REGISTRY[name] = (fn, tensors, floats, strings, like, n_out)
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def public(*args, **kwargs):
+            if not torch.compiler.is_compiling():
+                return fn(*args, **kwargs)
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            a = bound.arguments
+            option = a[strings[0]] if strings else ""
+            out = call(name, [a[k] for k in tensors], [float(a[k]) for k in floats], option)
+            return out[0] if n_out == 1 else tuple(out)
+
+        return public
+
+    return wrap
+
+
+def _eager(name: str, tensors: Sequence, floats: Sequence[float], option: str):
+    fn, t_names, f_names, s_names, _, n_out = _REGISTRY[name]
+    kwargs = {**dict(zip(t_names, tensors, strict=True)), **dict(zip(f_names, floats, strict=True))}
+    if s_names:
+        kwargs[s_names[0]] = option
+    out = fn(**kwargs)
+    return [out] if n_out == 1 else list(out)
+
+
+_MAX_TENSORS = 9  # compute_retrace has the most tensor arguments
+_MAX_FLOATS = 4  # ... and the most hyper-parameters
+
+T = Optional[torch.Tensor]  # noqa: UP045 (torch.library's schema inference wants typing.Optional)
+
+
+def _pad(tensors: Sequence) -> list:
+    return list(tensors) + [None] * (_MAX_TENSORS - len(tensors))
+
+
+def call(name: str, tensors: Sequence, floats: Sequence[float], option: str) -> list[torch.Tensor]:
+    """Runs public function ``name`` through the ``rl_triton::call`` op (tensors padded to a
+    fixed arity: custom-op autograd tracks top-level tensor arguments only)."""
+    return _call(name, *_pad(tensors), *(list(floats) + [0.0] * (_MAX_FLOATS - len(floats))), option)
+
+
+@torch.library.custom_op("rl_triton::call", mutates_args=())
+def _call(
+    name: str, t0: T, t1: T, t2: T, t3: T, t4: T, t5: T, t6: T, t7: T, t8: T,
+    f0: float, f1: float, f2: float, f3: float, option: str,
+) -> list[torch.Tensor]:  # fmt: skip
+    _, t_names, f_names, *_ = _REGISTRY[name]
+    tensors = [t0, t1, t2, t3, t4, t5, t6, t7, t8][: len(t_names)]
+    return [o.contiguous() for o in _eager(name, tensors, [f0, f1, f2, f3][: len(f_names)], option)]
+
+
+@_call.register_fake
+def _(name, t0, t1, t2, t3, t4, t5, t6, t7, t8, f0, f1, f2, f3, option):
+    fn, t_names, _, _, like, n_out = _REGISTRY[name]
+    ref = [t0, t1, t2, t3, t4, t5, t6, t7, t8][t_names.index(like)]
+    return [torch.empty_like(ref) for _ in range(n_out)]
+
+
+def _autograd_dispatch():
+    """A custom op's implementation runs below the autograd dispatch keys, so autograd records
+    nothing there even under ``enable_grad``. The backward op re-runs the eager function under
+    autograd, so it puts those keys back for its own duration."""
+    keys = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for name in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor", "ADInplaceOrView", "AutogradCPU",
+                 "AutogradCUDA"):  # fmt: skip
+        if hasattr(keys, name):
+            exclude = exclude.remove(getattr(keys, name))
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+@torch.library.custom_op("rl_triton::call_backward", mutates_args=())
+def call_backward(
+    name: str,
+    tensors: Sequence[Optional[torch.Tensor]],  # noqa: UP045
+    floats: Sequence[float],
+    option: str,
+    grads: Sequence[Optional[torch.Tensor]],  # noqa: UP045
+    needs: Sequence[bool],
+) -> list[torch.Tensor]:
+    with _autograd_dispatch(), torch.enable_grad():
+        leaves = [t.detach().requires_grad_(True) if need else t for t, need in zip(tensors, needs, strict=True)]
+        outs = _eager(name, leaves, floats, option)
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
+        wanted = [x for x, need in zip(leaves, needs, strict=True) if need]
+        found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for x, g in zip(wanted, found, strict=True)]
+
+
+@call_backward.register_fake
+def _(name, tensors, floats, option, grads, needs):
+    return [torch.empty_like(t) for t, need in zip(tensors, needs, strict=True) if need]
+
+
+def _setup_context(ctx, inputs, output):
+    name, *rest = inputs
+    _, t_names, f_names, *_ = _REGISTRY[name]
+    n = len(t_names)
+    tensors = rest[:n]
+    floats = rest[_MAX_TENSORS : _MAX_TENSORS + len(f_names)]
+    option = rest[-1]
+    ctx.name, ctx.floats, ctx.option, ctx.n = name, floats, option, n
+    ctx.present = [t is not None for t in tensors]
+    ctx.needs = [t is not None and t.requires_grad for t in tensors]
+    ctx.save_for_backward(*[t for t in tensors if t is not None])
+
+
+def _backward(ctx, grads):
+    saved = iter(ctx.saved_tensors)
+    tensors = [next(saved) if present else None for present in ctx.present]
+    none = (None,) * (_MAX_TENSORS - ctx.n)
+    if not any(ctx.needs):
+        return (None, *([None] * ctx.n), *none, *([None] * (_MAX_FLOATS + 1)))
+    found = iter(call_backward(ctx.name, tensors, ctx.floats, ctx.option, list(grads), ctx.needs))
+    return (None, *[next(found) if need else None for need in ctx.needs], *none, *([None] * (_MAX_FLOATS + 1)))
+
+
+_call.register_autograd(_backward, setup_context=_setup_context)
