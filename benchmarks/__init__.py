@@ -1,0 +1,1 @@
+"""rl_triton's benchmark suite: ``python -m benchmarks`` (see benchmarks/README.md)."""
