@@ -20,15 +20,34 @@ import torch
 # name -> (eager function, tensor argument names, float argument names, str argument names,
 #          argument whose per-step shape and dtype the outputs take, number of outputs)
 _REGISTRY: dict = {}
+_MAX_TENSORS = 9  # compute_retrace has the most tensor arguments
+_MAX_FLOATS = 4  # ... and the most hyper-parameters
 
 
-def compilable(*, tensors: tuple, floats: tuple, strings: tuple = (), like: str, n_out: int) -> Callable:
-    """Decorator for a public function: under ``torch.compile`` the call becomes ``rl_triton::call``."""
+def _argument_kinds(sig: inspect.Signature) -> tuple[tuple, tuple, tuple]:
+    """(tensor, float, str) parameter names of a public function, from its annotations (strings
+    under ``from __future__ import annotations``)."""
+    kinds: dict[str, list] = {"tensor": [], "float": [], "str": []}
+    for name, param in sig.parameters.items():
+        ann = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
+        kind = "tensor" if "Tensor" in ann else "float" if ann == "float" else "str" if ann == "str" else None
+        if kind is None:
+            raise TypeError(f"compilable: cannot map parameter {name!r} ({ann!r}) of a public function")
+        kinds[kind].append(name)
+    return tuple(kinds["tensor"]), tuple(kinds["float"]), tuple(kinds["str"])
+
+
+def compilable(*, like: str, n_out: int) -> Callable:
+    """Decorator for a public function: under ``torch.compile`` the call becomes ``rl_triton::call``.
+    ``like`` names the argument whose shape and dtype the ``n_out`` outputs have."""
 
     def wrap(fn):
         name = fn.__name__
-        _REGISTRY[name] = (fn, tensors, floats, strings, like, n_out)
         sig = inspect.signature(fn)
+        tensors, floats, strings = _argument_kinds(sig)
+        if len(tensors) > _MAX_TENSORS or len(floats) > _MAX_FLOATS or len(strings) > 1:
+            raise TypeError(f"compilable: {name} has more arguments than rl_triton::call carries")
+        _REGISTRY[name] = (fn, tensors, floats, strings, like, n_out)
 
         @functools.wraps(fn)
         def public(*args, **kwargs):
@@ -54,9 +73,6 @@ def _eager(name: str, tensors: Sequence, floats: Sequence[float], option: str):
     out = fn(**kwargs)
     return [out] if n_out == 1 else list(out)
 
-
-_MAX_TENSORS = 9  # compute_retrace has the most tensor arguments
-_MAX_FLOATS = 4  # ... and the most hyper-parameters
 
 T = Optional[torch.Tensor]  # noqa: UP045 (torch.library's schema inference wants typing.Optional)
 

@@ -38,12 +38,7 @@ def _check_bootstrap(fn: str, truncateds, bootstrap_values, last_value) -> None:
         )
 
 
-@compilable(
-    tensors=("rewards", "values", "terminateds", "truncateds", "bootstrap_values", "last_value"),
-    floats=("gamma", "lambda_"),
-    like="rewards",
-    n_out=1,
-)
+@compilable(like="rewards", n_out=1)
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -123,21 +118,7 @@ def gae_with_next_values(rewards, values, next_values, terminateds, dones, *, ga
     return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True)
 
 
-@compilable(
-    tensors=(
-        "log_pi_target",
-        "log_pi_behavior",
-        "values",
-        "rewards",
-        "terminateds",
-        "truncateds",
-        "bootstrap_values",
-        "last_value",
-    ),
-    floats=("gamma", "rho_bar", "c_bar"),
-    like="rewards",
-    n_out=2,
-)
+@compilable(like="rewards", n_out=2)
 def compute_vtrace(
     log_pi_target: torch.Tensor,
     log_pi_behavior: torch.Tensor,
@@ -242,22 +223,7 @@ def vtrace_with_next_values(
     )  # fmt: skip
 
 
-@compilable(
-    tensors=(
-        "action_probs_target",
-        "action_probs_behavior",
-        "q_values",
-        "next_q_values_all",
-        "actions",
-        "rewards",
-        "terminateds",
-        "truncateds",
-        "next_action_probs_target",
-    ),
-    floats=("gamma", "lambda_", "c_bar", "rho_bar"),
-    like="rewards",
-    n_out=2,
-)
+@compilable(like="rewards", n_out=2)
 def compute_retrace(
     action_probs_target: torch.Tensor,
     action_probs_behavior: torch.Tensor,
@@ -347,9 +313,7 @@ def compute_retrace(
     return p.finish(qt), p.finish(adv)
 
 
-@compilable(
-    tensors=("rewards", "terminateds", "truncateds", "bootstrap_values"), floats=("gamma",), like="rewards", n_out=1
-)
+@compilable(like="rewards", n_out=1)
 def compute_discounted_returns(
     rewards: torch.Tensor,
     terminateds: torch.Tensor,
@@ -400,12 +364,7 @@ def compute_discounted_returns(
     return p.finish(g)
 
 
-@compilable(
-    tensors=("rewards", "next_values", "terminateds", "truncateds", "bootstrap_values"),
-    floats=("gamma", "lambda_"),
-    like="rewards",
-    n_out=1,
-)
+@compilable(like="rewards", n_out=1)
 def compute_lambda_returns(
     rewards: torch.Tensor,
     next_values: torch.Tensor,
@@ -478,7 +437,7 @@ def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict) -> torc
     return p.finish(y)
 
 
-@compilable(tensors=("gradients", "dones", "seed_values"), floats=("gamma", "lambda_"), like="gradients", n_out=1)
+@compilable(like="gradients", n_out=1)
 def compute_eligibility_traces(
     gradients: torch.Tensor,
     dones: torch.Tensor,
@@ -514,7 +473,7 @@ def compute_eligibility_traces(
     return _forward_trace("compute_eligibility_traces", "gradients", gradients, dones, seed_values, s)
 
 
-@compilable(tensors=("inputs", "dones", "seed_values"), floats=(), strings=("boundary",), like="inputs", n_out=1)
+@compilable(like="inputs", n_out=1)
 def compute_episodic_prefix_sum(
     inputs: torch.Tensor,
     dones: torch.Tensor,
