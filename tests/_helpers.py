@@ -194,6 +194,18 @@ def equal_results(a, b, atol: float = 0.0, rtol: float = 0.0):
         torch.testing.assert_close(x, y, atol=atol, rtol=rtol)
 
 
+def check_non_contiguous(name: str, args, kwargs, how: str) -> None:
+    """rl_triton.<name> on non-contiguous views of every tensor input: it passes the reference
+    check and equals the call on the contiguous inputs."""
+    import rl_triton
+
+    expected = getattr(rl_triton, name)(*args, **kwargs)
+    nc_args = [non_contiguous(a, how) for a in args]
+    nc_kwargs = {k: non_contiguous(v, how) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = check(name, *nc_args, **nc_kwargs, **F32_TOL)[0]
+    equal_results(out, expected, atol=1e-6, rtol=1e-6)
+
+
 # ------------------------------------------------------------------------------------------
 # Whole valid calls, by keyword, for tests that sweep over every function.
 

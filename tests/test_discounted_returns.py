@@ -13,8 +13,8 @@ from tests._helpers import (
     SHAPES,
     boundary_values,
     check,
+    check_non_contiguous,
     golden,
-    non_contiguous,
     pattern_mask,
     randn,
     term_trunc,
@@ -95,12 +95,7 @@ def test_long_undiscounted(path):
 
 @pytest.mark.parametrize("how", ["stride", "transpose"])
 def test_non_contiguous(path, how):
-    args, kwargs = make_case((5, 37), device=path.device)
-    expected = rl_triton.compute_discounted_returns(*args, **kwargs)
-    nc_args = [non_contiguous(a, how) for a in args]
-    nc_kwargs = {k: non_contiguous(v, how) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    out = check(FN, *nc_args, **nc_kwargs, **F32_TOL)[0]
-    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    check_non_contiguous(FN, *make_case((5, 37), device=path.device), how)
 
 
 @pytest.mark.parametrize("gamma", [0.0, 1.0], ids=["g0", "g1"])

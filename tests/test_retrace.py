@@ -12,9 +12,8 @@ from tests._helpers import (
     PATTERNS,
     SHAPES,
     check,
-    equal_results,
+    check_non_contiguous,
     golden,
-    non_contiguous,
     pattern_mask,
     probs,
     randn,
@@ -107,12 +106,7 @@ def test_float_dtypes(path, shape, dtype, atol, rtol):
 
 @pytest.mark.parametrize("how", ["stride", "transpose"])
 def test_non_contiguous(path, how):
-    args, kwargs = make_case((5, 37), device=path.device, next_probs=True)
-    expected = rl_triton.compute_retrace(*args, **kwargs)
-    nc_args = [non_contiguous(a, how) for a in args]
-    nc_kwargs = {k: non_contiguous(v, how) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    out = check(FN, *nc_args, **nc_kwargs, **F32_TOL)[0]
-    equal_results(out, expected, atol=1e-6, rtol=1e-6)
+    check_non_contiguous(FN, *make_case((5, 37), device=path.device, next_probs=True), how)
 
 
 @pytest.mark.parametrize("gamma", [0.0, 1.0], ids=["g0", "g1"])
