@@ -50,10 +50,10 @@ def main() -> None:
     term8 = term.view(torch.uint8)
 
     def raw_launch():
-        fused.gae_kernel[(32,)](
-            r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95),
-            HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, ACC=launch._acc(torch.float32),
-            BN=2, BT=64, num_warps=4,
+        fused.gae_kernel[(32, 1)](
+            r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95), r, r, 1, t // 64,
+            HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, PHASE=0,
+            ACC=launch._acc(torch.float32), BN=2, BT=64, num_warps=4,
         )  # fmt: skip
 
     rows = {
