@@ -1,0 +1,70 @@
+"""GPU-only checks of the performance issue's correctness conditions: CUDA-graph capture, no
+recompilation within a size class, and inputs above 2^31 elements (int64 indexing; opt-in, slow).
+All skip without CUDA."""
+
+import os
+
+import pytest
+import torch
+
+import rl_triton as R
+from rl_triton.kernels import fused
+from tests.test_multiblock import CALLS, _inputs
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="needs a CUDA GPU, compiled kernels")
+
+
+@cuda
+@pytest.mark.parametrize("fn", list(CALLS))
+@pytest.mark.parametrize("shape", [(64, 512), (2, 70000)], ids=["N64-T512", "N2-T70000-multiblock"])
+def test_cuda_graph_capture(fn, shape):
+    x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(*shape, "cuda").items()}
+    eager = CALLS[fn](x)  # also compiles the kernels outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        CALLS[fn](x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = CALLS[fn](x)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = eager if isinstance(eager, tuple) else (eager,)
+    captured = captured if isinstance(captured, tuple) else (captured,)
+    for a, b in zip(eager, captured, strict=True):
+        assert torch.equal(a, b)
+
+
+def _cache_size(kernel) -> int:
+    return sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+
+@cuda
+def test_no_recompilation_within_a_size_class():
+    def gae(n, t, gamma, lam):
+        r = torch.randn(n, t, device="cuda")
+        return R.compute_gae(r, r, torch.zeros(n, t, dtype=torch.bool, device="cuda"), gamma=gamma, lambda_=lam)
+
+    gae(64, 600, 0.99, 0.95)
+    before = _cache_size(fused.gae_kernel)
+    for n, t, gamma, lam in [(63, 700, 0.9, 0.8), (17, 1000, 0.5, 1.0), (100, 2048, 0.999, 0.0)]:
+        gae(n, t, gamma, lam)
+    assert _cache_size(fused.gae_kernel) == before
+
+
+@cuda
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("RL_TRITON_SLOW") != "1", reason="slow: set RL_TRITON_SLOW=1 (needs ~30 GB of GPU memory)"
+)
+def test_more_than_2_31_elements():
+    n, t = 2**15 + 3, 2**16 + 1  # 2^31 + ~100k elements
+    r = torch.ones(n, t, device="cuda")
+    v = torch.zeros(n, t, device="cuda")
+    term = torch.zeros(n, t, dtype=torch.bool, device="cuda")
+    adv = R.compute_gae(r, v, term, gamma=0.5, lambda_=1.0)
+    # A_t = sum_k 0.5^k over the remaining steps: 2 - 2^-(T-1-t); the last row lies past 2^31
+    expected_tail = 2 - 0.5 ** torch.arange(t - 1, -1, -1, device="cuda", dtype=torch.float64)
+    torch.testing.assert_close(adv[-1].double(), expected_tail, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(adv[0].double(), expected_tail, atol=1e-6, rtol=1e-6)
