@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _config
 from . import core, fused
 
 # Tile shapes: BN envs per program, BT time steps per chunk. Size classes of T only (two), so a
@@ -61,17 +62,18 @@ def _on_device(device: torch.device):
 _compiled: dict = {}
 
 
-def _fast_path_available() -> bool:
+def _fast_path_knobs():
+    """Triton's ``knobs`` module when the fast path is supported by this Triton, else None."""
     try:
-        from triton import knobs  # noqa: F401
+        from triton import knobs
         from triton.compiler.compiler import CompiledKernel
-
-        return hasattr(CompiledKernel, "packed_metadata") or hasattr(CompiledKernel, "run")
     except ImportError:
-        return False
+        return None
+    return knobs if hasattr(CompiledKernel, "packed_metadata") or hasattr(CompiledKernel, "run") else None
 
 
-_FAST = _fast_path_available()
+_KNOBS = _fast_path_knobs()
+_FAST = _KNOBS is not None
 
 
 def _hooks_active(knobs) -> bool:
@@ -83,26 +85,24 @@ def _hooks_active(knobs) -> bool:
 
 
 def _launch(kernel, grid: tuple[int, int], device: torch.device, args: tuple, constexprs: dict) -> None:
-    from .. import _config
-
-    if _config.INTERPRET or device.type != "cuda" or not _FAST:
-        kernel[grid](*args, **constexprs, num_warps=_NUM_WARPS)
-        return
-    from triton import knobs
-
-    sig = tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else type(a) for a in args)
-    key = (kernel, device.index, _NUM_WARPS, tuple(constexprs.items()), sig)
-    entry = _compiled.get(key)
-    if entry is None or _hooks_active(knobs):
-        ck = kernel[grid](*args, **constexprs, num_warps=_NUM_WARPS)
-        if hasattr(ck, "result"):
-            ck = ck.result()
-        trailing = tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
-        _compiled[key] = (ck, trailing, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-        return
-    ck, trailing, enter, exit_ = entry
-    stream = torch._C._cuda_getCurrentRawStream(device.index)
-    ck.run(grid[0], grid[1], 1, stream, ck.function, ck.packed_metadata, None, enter, exit_, *args, *trailing)
+    """Launches ``kernel`` on ``device`` (made current for the launch)."""
+    with _on_device(device):
+        if _config.INTERPRET or device.type != "cuda" or not _FAST:
+            kernel[grid](*args, **constexprs, num_warps=_NUM_WARPS)
+            return
+        sig = tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else type(a) for a in args)
+        key = (kernel, device.index, _NUM_WARPS, tuple(constexprs.items()), sig)
+        entry = _compiled.get(key)
+        if entry is None or _hooks_active(_KNOBS):
+            ck = kernel[grid](*args, **constexprs, num_warps=_NUM_WARPS)
+            if hasattr(ck, "result"):
+                ck = ck.result()
+            trailing = tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
+            _compiled[key] = (ck, trailing, _KNOBS.runtime.launch_enter_hook, _KNOBS.runtime.launch_exit_hook)
+            return
+        ck, trailing, enter, exit_ = entry
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+        ck.run(grid[0], grid[1], 1, stream, ck.function, ck.packed_metadata, None, enter, exit_, *args, *trailing)
 
 
 # Multi-block scans (kernels/core.py): when the env blocks alone give too few programs for the
@@ -150,14 +150,13 @@ def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor
     out = p.new_output()
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
-    with _on_device(p.device):
-        _scan_launch(
-            fused.gae_kernel, p.num_envs, p.seq_len, p.device,
-            (r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
-            _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
-            dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt),
-        )  # fmt: skip
+    _scan_launch(
+        fused.gae_kernel, p.num_envs, p.seq_len, p.device,
+        (r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
+        _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
+        dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt),
+    )  # fmt: skip
     return out
 
 
@@ -166,15 +165,14 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
     vs, adv = p.new_output(), p.new_output()
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
-    with _on_device(p.device):
-        _scan_launch(
-            fused.vtrace_kernel, p.num_envs, p.seq_len, p.device,
-            (t["log_pi_target"], t["log_pi_behavior"], t["values"], r, t["terminateds"], _dummy(t, "truncateds", r),
-            _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
-            *hp(gamma), *hp(rho_bar), *hp(c_bar),),
-            dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt),
-        )  # fmt: skip
+    _scan_launch(
+        fused.vtrace_kernel, p.num_envs, p.seq_len, p.device,
+        (t["log_pi_target"], t["log_pi_behavior"], t["values"], r, t["terminateds"], _dummy(t, "truncateds", r),
+        _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
+        *hp(gamma), *hp(rho_bar), *hp(c_bar),),
+        dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt),
+    )  # fmt: skip
     return vs, adv
 
 
@@ -183,15 +181,14 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
     qt, adv = p.new_output(), p.new_output()
     bn, bt = _tiles(p.num_envs, p.seq_len)
     probs = t["action_probs_target"]
-    with _on_device(p.device):
-        _scan_launch(
-            fused.retrace_kernel, p.num_envs, p.seq_len, p.device,
-            (probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
-            t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
-            qt, adv, p.num_envs, p.seq_len, p.num_actions,
-            *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
-            dict(HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
-        )  # fmt: skip
+    _scan_launch(
+        fused.retrace_kernel, p.num_envs, p.seq_len, p.device,
+        (probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
+        t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
+        qt, adv, p.num_envs, p.seq_len, p.num_actions,
+        *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
+        dict(HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
+    )  # fmt: skip
     return qt, adv
 
 
@@ -200,14 +197,13 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
     out = p.new_output()
     bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
-    with _on_device(p.device):
-        _scan_launch(
-            fused.returns_kernel, p.num_envs, p.seq_len, p.device,
-            (r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
-            _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
-            dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
-            HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
-        )  # fmt: skip
+    _scan_launch(
+        fused.returns_kernel, p.num_envs, p.seq_len, p.device,
+        (r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
+        _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
+        dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
+        HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
+    )  # fmt: skip
     return out
 
 
@@ -216,13 +212,12 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
     out = p.new_output()
     bn, bt = _tiles(p.num_envs, p.seq_len)
     x = t["inputs"]
-    with _on_device(p.device):
-        _scan_launch(
-            fused.forward_trace_kernel, p.num_envs, p.seq_len, p.device,
-            (x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale),),
-            dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
-            init=t.get("seed_values"),
-        )  # fmt: skip
+    _scan_launch(
+        fused.forward_trace_kernel, p.num_envs, p.seq_len, p.device,
+        (x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale),),
+        dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
+        init=t.get("seed_values"),
+    )  # fmt: skip
     return out
 
 
@@ -233,10 +228,9 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, rev
     if b.numel() == 0:
         return x
     bn, bt = _tiles(n, t_len)
-    with _on_device(b.device):
-        _launch(
-            core.linear_scan_kernel, (triton.cdiv(n, bn), 1), b.device,
-            (a, b, b if init is None else init, x, n, t_len),
-            dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=bn, BT=bt),
-        )  # fmt: skip
+    _launch(
+        core.linear_scan_kernel, (triton.cdiv(n, bn), 1), b.device,
+        (a, b, b if init is None else init, x, n, t_len),
+        dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=bn, BT=bt),
+    )  # fmt: skip
     return x
