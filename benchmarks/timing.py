@@ -1,4 +1,5 @@
-"""Timers. On CUDA: ``triton.testing.do_bench`` (median, L2 flushed between runs) for kernel time,
+"""Timers. On CUDA: ``triton.testing.do_bench`` (median, L2 flushed between runs) of a CUDA-graph
+replay for kernel time (GPU time without the host's launch time),
 CUDA events around one whole call (median after warm-up) for full-call time, and a
 device-to-device ``copy_`` as the bandwidth ceiling. On CPU (smoke runs only) everything is
 ``time.perf_counter`` and the numbers mean nothing."""
@@ -82,13 +83,41 @@ def full_call_us(
     return _median(times)
 
 
-def kernel_us(fn: Callable[[], object], device: torch.device, budget: Budget) -> float:
+def _graph_of(fn: Callable[[], object], device: torch.device):
+    """``fn`` captured in a CUDA graph (after one warm-up call on a side stream), or None when it
+    cannot be captured (a host sync, a CPU tensor, ...)."""
+    try:
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        sync(device)
+        return graph
+    except Exception:  # noqa: BLE001 - any capture failure means "time it without a graph"
+        sync(device)
+        return None
+
+
+def kernel_us(fn: Callable[[], object], device: torch.device, budget: Budget, graph: bool = False) -> float:
     """``triton.testing.do_bench`` median in µs on CUDA (L2 flushed before each run); the
-    perf_counter median of a few calls on the CPU."""
+    perf_counter median of a few calls on the CPU.
+
+    With ``graph``, ``fn`` is captured once in a CUDA graph and do_bench times the graph's replay:
+    the GPU time of everything ``fn`` launches, without the host time of issuing it (the replay
+    is queued behind do_bench's L2 flush, so the GPU never waits for the host). Functions that
+    cannot be captured are timed directly."""
     if device.type == "cuda":
         import triton.testing
 
-        ms = triton.testing.do_bench(fn, warmup=budget.bench_warmup_ms, rep=budget.bench_rep_ms, return_mode="median")
+        g = _graph_of(fn, device) if graph else None
+        target = fn if g is None else g.replay
+        ms = triton.testing.do_bench(
+            target, warmup=budget.bench_warmup_ms, rep=budget.bench_rep_ms, return_mode="median"
+        )
         return float(ms) * 1e3
     return full_call_us(lambda _: fn(), device, budget)
 
@@ -99,5 +128,5 @@ def copy_gbps(nbytes: int, device: torch.device, budget: Budget) -> float:
     numel = max(1, nbytes // 8)  # float32 elements: 4 bytes read + 4 written each
     src = torch.empty(numel, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    us = kernel_us(lambda: dst.copy_(src), device, budget)
+    us = kernel_us(lambda: dst.copy_(src), device, budget, graph=True)
     return 8 * numel / (us * 1e-6) / 1e9

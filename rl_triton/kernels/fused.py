@@ -10,8 +10,11 @@ no register shift across a tile, so those kernels scan the sequence shifted by o
 prologue evaluated at ``t+1``, whose loads hit the cache lines of the unshifted ones) to obtain
 ``x_{t+1}``, and form ``x_t = a_t x_{t+1} + b_t`` elementwise.
 
-Time-dependent sizes (``N``, ``T``) are not specialised on, and the hyper-parameters are runtime
-arguments, so a new rollout length or a gamma schedule does not recompile.
+``N`` and the hyper-parameters are not specialised on, so a gamma schedule or a new number of envs
+does not recompile. ``T`` is specialised the way Triton does by default (``T == 1``, ``T % 16 == 0``):
+a row length that is a multiple of 16 makes every row 16-byte aligned, which Triton must know to
+vectorise the loads; without it the kernels ran at half the speed (benchmarks/scan_variants.py).
+So a size class is a power-of-two bucket of ``T`` plus whether ``T`` is a multiple of 16.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: 
     return tl.where(b_bnd != 0, b_boot, b_v1)
 
 
-@triton.jit(do_not_specialize=["N", "T", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
+@triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
 def gae_kernel(
     p_r,  # [N, T] rewards
     p_v,  # [N, T] values V(s_t)
@@ -66,15 +69,17 @@ def gae_kernel(
     p_adv,  # [N, T] output advantages
     N, T,  # envs, steps
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,  # hyper-parameters as float32 hi/lo halves
-    p_agg_a, p_agg_b, NK, CPB,  # multi-block: [N, NK] aggregates / states, chunks per time block
+    p_agg_a, p_agg_b, NK, CPB,  # multi-block: [N, NK] block aggregates (A, B), chunks per time block
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
     NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
-    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    )
     for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_term, b_trunc, b_bnd, b_boot = step_context(
@@ -86,7 +91,7 @@ def gae_kernel(
         b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
         b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
-        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT)
+        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_adv + off, b_x, mask=m)
@@ -118,7 +123,7 @@ def vtrace_step(
     return b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext
 
 
-@triton.jit(do_not_specialize=["N", "T", "NK", "CPB", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
+@triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
 def vtrace_kernel(
     p_lpt,  # [N, T] log pi_target(a_t | s_t)
     p_lpb,  # [N, T] log pi_behavior(a_t | s_t)
@@ -131,13 +136,15 @@ def vtrace_kernel(
     gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo,
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
-    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
-    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    )
     for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
@@ -150,7 +157,7 @@ def vtrace_kernel(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off + 1, o_n, o_t + 1, m1, m_n, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
         )  # fmt: skip
-        b_d1, b_carry, b_Ac = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
+        b_d1, b_carry, b_Ac = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT, True)
         b_Ablk *= b_Ac
         b_d = b_a * b_d1 + b_b
         b_q = tl.where(b_bnd != 0, b_vnext, b_v1 + b_d1)  # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer
@@ -199,7 +206,6 @@ def retrace_step(
 @triton.jit(
     do_not_specialize=[
         "N",
-        "T",
         "NK",
         "CPB",
         "A",
@@ -227,13 +233,16 @@ def retrace_kernel(
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo,
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    NKP: tl.constexpr,
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
-    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    )
     for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
@@ -245,7 +254,7 @@ def retrace_kernel(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off + 1, o_t + 1, m1, T, A,
             gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
         )  # fmt: skip
-        b_d1, b_carry, b_Ac = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT)
+        b_d1, b_carry, b_Ac = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT, True)
         b_Ablk *= b_Ac
         b_d = b_a * b_d1 + b_b
         b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
@@ -255,7 +264,7 @@ def retrace_kernel(
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
-@triton.jit(do_not_specialize=["N", "T", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
+@triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
 def returns_kernel(
     p_r,  # [N, T] rewards
     p_nv,  # [N, T] next values V(s_{t+1}) (if HAS_NV; TD(lambda) returns)
@@ -265,13 +274,15 @@ def returns_kernel(
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
-    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    )
     for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
         b_term, b_trunc, b_bnd, b_boot = step_context(
@@ -286,14 +297,14 @@ def returns_kernel(
         b_disc = gamma * (1 - b_term)
         b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
         b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
-        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT)
+        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_g + off, b_g, mask=m)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
-@triton.jit(do_not_specialize=["N", "T", "NK", "CPB", "scale_hi", "scale_lo"])
+@triton.jit(do_not_specialize=["N", "NK", "CPB", "scale_hi", "scale_lo"])
 def forward_trace_kernel(
     p_x,  # [N, T] gradients (eligibility traces) or inputs (prefix sums)
     p_done,  # [N, T] dones (any dtype)
@@ -304,15 +315,17 @@ def forward_trace_kernel(
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     STARTS_AT: tl.constexpr,  # reset at the flagged step instead of the step after it
     HAS_SEED: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    NKP: tl.constexpr,
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
     o_n, m_n, o_row = env_block(N, T, BN)
     scale = hp_scalar(scale_hi, scale_lo, ACC)
-    i_k, c_lo, c_hi, b_carry, b_Ablk = block_begin(p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN)
+    i_k, c_lo, c_hi, b_Apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    )
     if HAS_SEED:
-        if PHASE != 1:  # the first time block starts from the seed (later ones from the carry pass)
-            b_seed = tl.load(p_seed + o_n, mask=m_n & (i_k == 0), other=0).to(ACC)
-            b_carry = tl.where(i_k == 0, b_seed, b_carry)
+        if PHASE != 1:  # the state entering the block: (A, B) of the blocks before it applied to the seed
+            b_carry += b_Apre * tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
     for i_c in range(c_lo, c_hi):
         o_t, m, off = chunk(i_c, T, o_row, m_n, BT, False)
         if STARTS_AT:
@@ -321,7 +334,7 @@ def forward_trace_kernel(
             b_done = load_flag(p_done, off - 1, m & (o_t >= 1)[None, :], ACC)
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
-        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT)
+        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_out + off, b_y, mask=m)

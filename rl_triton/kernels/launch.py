@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -14,20 +15,31 @@ import triton.language as tl
 from .. import _config
 from . import core, fused
 
-# Tile shapes: BN envs per program, BT time steps per chunk. Size classes of T only (two), so a
-# new rollout length recompiles at most once. Chosen from a sweep of the GAE kernel on an H200
-# (BN in 2..16, BT in 32..256, 1..8 warps; NOTES.md, "Measurements"): many small programs win,
-# because each program walks its rows serially and the GPU needs many of them in flight.
-#   4096x2048: BN=2 BT=256 4 warps 52.8 us (best seen 48.4 at 1 warp; BN=16 BT=128 was 125 us)
-#   16384x256: BN=2 BT=64  4 warps 41.5 us (best seen 39.6)
-#   64x512:    BN=2 BT=64  4 warps 26.5 us (best seen 23.7)
-# Long rows with few envs need parallelism across time blocks, which this layout leaves room for.
-_MAX_BN = 2
-_NUM_WARPS = 4
+# Tile shapes: BN envs per program, BT time steps per chunk, W warps. Rows up to _MAX_BT steps are
+# one chunk (the program loads the whole row at once, so all its loads are in flight together);
+# longer rows are walked in chunks of _MAX_BT. Short rows are packed _BLOCK // BT to a program, so
+# no program is mostly masked. Power-of-two size classes of T (and of N below the block size)
+# only, so a new rollout length recompiles at most once per class. Chosen from a sweep of every
+# kernel on an H200 (benchmarks/tile_sweep.py, results in benchmarks/results/tile_sweep_h200.json;
+# NOTES.md, "Measurements"): 1024-element programs won at every shape and for every kernel; 4 warps
+# for rows of >= 512 steps, 8 for shorter ones (fewer registers per thread for the wide tiles of
+# short rows; V-trace and Retrace spill at 2048-element programs with 4 warps).
+_MAX_BT = 1024
+_BLOCK = 1024
+_WARPS_LONG = 4  # BT >= 512
+_WARPS_SHORT = 8
 
 
-def _tiles(n: int, t: int) -> tuple[int, int]:
-    return _MAX_BN, (64 if t <= 512 else 256)
+class Tiles(NamedTuple):
+    bn: int
+    bt: int
+    warps: int
+
+
+def _tiles(n: int, t: int) -> Tiles:
+    bt = min(_MAX_BT, max(4, triton.next_power_of_2(max(t, 1))))
+    bn = max(1, min(_BLOCK // bt, triton.next_power_of_2(max(n, 1))))
+    return Tiles(bn, bt, _WARPS_LONG if bt >= 512 else _WARPS_SHORT)
 
 
 @functools.lru_cache(maxsize=256)
@@ -56,7 +68,9 @@ def _on_device(device: torch.device):
 # at 64x512 (benchmarks/host_overhead.py on the H200). After the first launch of a given
 # specialisation we keep Triton's compiled kernel and call its launcher directly. The cache key
 # holds everything Triton specialises on for these kernels: the constexprs, the warps, the
-# device, each tensor's dtype and 16-byte alignment (ints and floats are do_not_specialize).
+# device, each tensor's dtype and 16-byte alignment, and for each int whether it is 1 or a
+# multiple of 16 (Triton specialises ints on both unless told not to; the sequence length is,
+# so that rows are provably 16-byte aligned and loads vectorise). Floats are do_not_specialize.
 # Anything unusual (launch hooks, the interpreter, an older Triton) takes the normal path.
 
 _compiled: dict = {}
@@ -84,17 +98,22 @@ def _hooks_active(knobs) -> bool:
     return False
 
 
-def _launch(kernel, grid: tuple[int, int], device: torch.device, args: tuple, constexprs: dict) -> None:
-    """Launches ``kernel`` on ``device`` (made current for the launch)."""
+def _launch(kernel, grid: tuple[int, int], device: torch.device, args: tuple, constexprs: dict, warps: int) -> None:
+    """Launches ``kernel`` with ``warps`` warps per program on ``device`` (made current for the launch)."""
     with _on_device(device):
         if _config.INTERPRET or device.type != "cuda" or not _FAST:
-            kernel[grid](*args, **constexprs, num_warps=_NUM_WARPS)
+            kernel[grid](*args, **constexprs, num_warps=warps)
             return
-        sig = tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else type(a) for a in args)
-        key = (kernel, device.index, _NUM_WARPS, tuple(constexprs.items()), sig)
+        sig = tuple(
+            (a.dtype, a.data_ptr() % 16 == 0)
+            if isinstance(a, torch.Tensor)
+            else ((a == 1, a % 16 == 0) if type(a) is int else type(a))
+            for a in args
+        )
+        key = (kernel, device.index, warps, tuple(constexprs.items()), sig)
         entry = _compiled.get(key)
         if entry is None or _hooks_active(_KNOBS):
-            ck = kernel[grid](*args, **constexprs, num_warps=_NUM_WARPS)
+            ck = kernel[grid](*args, **constexprs, num_warps=warps)
             if hasattr(ck, "result"):
                 ck = ck.result()
             trailing = tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
@@ -106,37 +125,43 @@ def _launch(kernel, grid: tuple[int, int], device: torch.device, args: tuple, co
 
 
 # Multi-block scans (kernels/core.py): when the env blocks alone give too few programs for the
-# GPU and rows are long, each row is split into time blocks of CPB chunks, scanned in two passes
-# with a carry pass over the block aggregates in between. Size classes only: no recompilation.
+# GPU and rows span several chunks, each row is split into time blocks of CPB chunks, scanned in
+# two launches (PHASE 1 stores each block's aggregate, PHASE 2 folds the aggregates before its
+# block and rescans it). Size classes only: no recompilation.
 _TARGET_PROGRAMS = 1024  # H200: 132 SMs, several resident programs each
-_MIN_CHUNKS_PER_BLOCK = 4
-_MIN_CHUNKS_FOR_SPLIT = 16  # rows shorter than this stay single-pass (three launches cost more)
+_MAX_BLOCKS = 1024  # PHASE 2 folds up to this many aggregates per row in registers
+_MIN_CHUNKS_PER_BLOCK = 1
+_MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass (two launches cost more)
 
 
 def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
     """(number of time blocks, chunks per block) for one launch."""
     if env_programs * 2 >= _TARGET_PROGRAMS or n_chunks < _MIN_CHUNKS_FOR_SPLIT:
         return 1, n_chunks
-    nk = max(1, min(triton.cdiv(_TARGET_PROGRAMS, env_programs), n_chunks // _MIN_CHUNKS_PER_BLOCK))
-    cpb = triton.cdiv(n_chunks, nk)
+    nk = min(triton.cdiv(_TARGET_PROGRAMS, env_programs), n_chunks // _MIN_CHUNKS_PER_BLOCK, _MAX_BLOCKS)
+    cpb = triton.cdiv(n_chunks, max(1, nk))
     return triton.cdiv(n_chunks, cpb), cpb
 
 
-def _scan_launch(kernel, n: int, t_len: int, device, args: tuple, constexprs: dict, init=None) -> None:
-    """Launches a fused kernel single-pass or as a multi-block scan (PHASE 1, carry pass, PHASE 2)."""
-    env_programs = triton.cdiv(n, constexprs["BN"])
-    n_chunks = triton.cdiv(t_len, constexprs["BT"])
+def _scan_launch(kernel, n: int, t_len: int, device, args: tuple, constexprs: dict, tiles: Tiles) -> None:
+    """Launches a fused kernel single-pass or as a multi-block scan (PHASE 1, then PHASE 2)."""
+    env_programs = triton.cdiv(n, tiles.bn)
+    n_chunks = triton.cdiv(t_len, tiles.bt)
     nk, cpb = _time_blocks(env_programs, n_chunks)
-    dummy = args[0]
+    constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
-        _launch(kernel, (env_programs, 1), device, (*args, dummy, dummy, 1, n_chunks), {**constexprs, "PHASE": 0})
+        dummy = args[0]
+        extra = (dummy, dummy, 1, n_chunks)
+        _launch(kernel, (env_programs, 1), device, (*args, *extra), {**constexprs, "PHASE": 0, "NKP": 1}, tiles.warps)
         return
     acc_dtype = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     agg_a = torch.empty((n, nk), dtype=acc_dtype, device=device)
     agg_b = torch.empty_like(agg_a)
-    _launch(kernel, (env_programs, nk), device, (*args, agg_a, agg_b, nk, cpb), {**constexprs, "PHASE": 1})
-    state = linear_scan(agg_a, agg_b, None if init is None else init.to(acc_dtype), False)
-    _launch(kernel, (env_programs, nk), device, (*args, agg_a, state, nk, cpb), {**constexprs, "PHASE": 2})
+    nkp = triton.next_power_of_2(nk)
+    for phase in (1, 2):
+        extra = (agg_a, agg_b, nk, cpb)
+        _launch(kernel, (env_programs, nk), device, (*args, *extra), {**constexprs, "PHASE": phase, "NKP": nkp},
+                tiles.warps)  # fmt: skip
 
 
 def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
@@ -148,14 +173,14 @@ def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
 def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor:
     t = p.tensors
     out = p.new_output()
-    bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     _scan_launch(
         fused.gae_kernel, p.num_envs, p.seq_len, p.device,
         (r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
         _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
         dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt),
+        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype)),
+        _tiles(p.num_envs, p.seq_len),
     )  # fmt: skip
     return out
 
@@ -163,7 +188,6 @@ def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor
 def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
     vs, adv = p.new_output(), p.new_output()
-    bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     _scan_launch(
         fused.vtrace_kernel, p.num_envs, p.seq_len, p.device,
@@ -171,7 +195,8 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
         _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
         *hp(gamma), *hp(rho_bar), *hp(c_bar),),
         dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype), BN=bn, BT=bt),
+        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype)),
+        _tiles(p.num_envs, p.seq_len),
     )  # fmt: skip
     return vs, adv
 
@@ -179,7 +204,6 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
 def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
     qt, adv = p.new_output(), p.new_output()
-    bn, bt = _tiles(p.num_envs, p.seq_len)
     probs = t["action_probs_target"]
     _scan_launch(
         fused.retrace_kernel, p.num_envs, p.seq_len, p.device,
@@ -187,7 +211,8 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
         t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
         qt, adv, p.num_envs, p.seq_len, p.num_actions,
         *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
-        dict(HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
+        dict(HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype)),
+        _tiles(p.num_envs, p.seq_len),
     )  # fmt: skip
     return qt, adv
 
@@ -195,14 +220,14 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
 def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
     t = p.tensors
     out = p.new_output()
-    bn, bt = _tiles(p.num_envs, p.seq_len)
     r = t["rewards"]
     _scan_launch(
         fused.returns_kernel, p.num_envs, p.seq_len, p.device,
         (r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
         _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
         dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
-        HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
+        HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype)),
+        _tiles(p.num_envs, p.seq_len),
     )  # fmt: skip
     return out
 
@@ -210,13 +235,12 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
 def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
     t = p.tensors
     out = p.new_output()
-    bn, bt = _tiles(p.num_envs, p.seq_len)
     x = t["inputs"]
     _scan_launch(
         fused.forward_trace_kernel, p.num_envs, p.seq_len, p.device,
         (x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale),),
-        dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype), BN=bn, BT=bt),
-        init=t.get("seed_values"),
+        dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype)),
+        _tiles(p.num_envs, p.seq_len),
     )  # fmt: skip
     return out
 
@@ -227,10 +251,11 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, rev
     x = torch.empty_like(b)
     if b.numel() == 0:
         return x
-    bn, bt = _tiles(n, t_len)
+    tiles = _tiles(n, t_len)
     _launch(
-        core.linear_scan_kernel, (triton.cdiv(n, bn), 1), b.device,
+        core.linear_scan_kernel, (triton.cdiv(n, tiles.bn), 1), b.device,
         (a, b, b if init is None else init, x, n, t_len),
-        dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=bn, BT=bt),
+        dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=tiles.bn, BT=tiles.bt),
+        tiles.warps,
     )  # fmt: skip
     return x

@@ -1,0 +1,173 @@
+"""Tile and split sweep of the fused kernels on a GPU: kernel time (do_bench median of a CUDA-graph
+replay, L2 flushed), fraction of a device-to-device copy timed in the same run, registers and
+spills of every compiled variant. The launcher's policy constants (``kernels/launch.py``) are
+overridden per configuration; the results pick the defaults.
+
+Usage: python -m benchmarks.tile_sweep [--quick] [--functions gae,vtrace] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import platform
+import time
+
+import torch
+import triton
+
+try:
+    from tqdm import tqdm
+except ImportError:  # tqdm is a dev dependency; run without a bar if it is missing
+
+    def tqdm(items, **_kw):
+        return items
+
+    tqdm.write = print
+
+from rl_triton.kernels import launch
+
+from . import specs, timing
+
+# Shapes of the performance issue: large, short horizons, long sequences (+ the common 64x512).
+LARGE = [(4096, 2048), (16384, 512), (8192, 4096)]
+SHORT = [(1048576, 8), (262144, 32), (65536, 128), (32768, 8), (4096, 128)]
+LONG = [(1, 16777216), (16, 1048576), (64, 262144), (1, 1048576)]
+COMMON = [(64, 512)]
+
+# Policy knobs (launch.py module constants) and the values tried.
+TILE_GRID = {"_BLOCK": (1024, 2048, 4096), "_WARPS": (4, 8), "_MAX_BT": (1024, 2048)}
+SPLIT_GRID = {"_TARGET_PROGRAMS": (528, 1056, 2112), "_MAX_BT": (1024, 2048), "_WARPS": (4, 8)}
+# "_WARPS" sets the launcher's warps for every row length.
+_WARP_KNOBS = ("_WARPS_LONG", "_WARPS_SHORT")
+
+
+@contextlib.contextmanager
+def policy(**knobs):
+    if "_WARPS" in knobs:
+        knobs = {k: v for k, v in knobs.items() if k != "_WARPS"} | dict.fromkeys(_WARP_KNOBS, knobs["_WARPS"])
+    saved = {k: getattr(launch, k) for k in knobs}
+    for k, v in knobs.items():
+        setattr(launch, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(launch, k, v)
+
+
+def _effective(n: int, t: int) -> tuple:
+    """What the launcher would run for (n, t) under the current policy."""
+    tiles = launch._tiles(n, t)
+    nk, cpb = launch._time_blocks(triton.cdiv(n, tiles.bn), triton.cdiv(t, tiles.bt))
+    return (*tiles, nk, cpb)
+
+
+def _grid(grid: dict) -> list[dict]:
+    keys = list(grid)
+    return [dict(zip(keys, vals, strict=True)) for vals in itertools.product(*(grid[k] for k in keys))]
+
+
+def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Budget, dtype=torch.float32) -> list:
+    spec = specs.SPECS[specs.resolve(fn)[0]]
+    x = specs.Inputs(n, t, dtype, torch.device("cuda"))
+    nbytes = spec.nbytes(x)
+    copy = timing.copy_gbps(nbytes, torch.device("cuda"), budget)
+    rows, seen = [], {}
+    for knobs in configs:
+        with policy(**knobs):
+            eff = _effective(n, t)
+            if eff in seen:  # same tiles and split as a configuration already timed
+                rows.append({**seen[eff], "knobs": knobs, "duplicate": True})
+                continue
+            try:
+                with torch.no_grad():
+                    us = timing.kernel_us(lambda: spec.primary(x), torch.device("cuda"), budget, graph=True)
+            except Exception as exc:  # noqa: BLE001 - a variant the compiler or the GPU rejects
+                row = {"status": f"failed: {type(exc).__name__}: {exc}"[:200]}
+            else:
+                row = {"status": "ok", "kernel_us": us, "fraction_of_copy": nbytes / (us * 1e-6) / 1e9 / copy}
+        row |= {"function": spec.name, "num_envs": n, "seq_len": t, "dtype": str(dtype).removeprefix("torch.")}
+        row |= {"bn": eff[0], "bt": eff[1], "warps": eff[2], "nk": eff[3], "cpb": eff[4], "knobs": knobs}
+        seen[eff] = row
+        rows.append(row)
+    x.release()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def compiled_report() -> list[dict]:
+    """Registers and spills of every kernel variant compiled in this process."""
+    out = []
+    for key, (ck, *_rest) in launch._compiled.items():
+        kernel, _dev, warps, constexprs, _sig = key
+        out.append(
+            {
+                "kernel": kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel),
+                "warps": warps,
+                "constexprs": {k: str(v) for k, v in constexprs},
+                "n_regs": getattr(ck, "n_regs", None),
+                "n_spills": getattr(ck, "n_spills", None),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="GAE over the full grid, the others at 3 shapes")
+    ap.add_argument("--functions", default="gae,vtrace,retrace,returns,lambda,traces,prefix")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    budget = timing.QUICK
+    fns = args.functions.split(",")
+    tile_cfgs, split_cfgs = _grid(TILE_GRID), _grid(SPLIT_GRID)
+    small_tiles = tile_cfgs
+    jobs = []
+    for fn in fns:
+        if fn == "gae":
+            jobs += [(fn, s, tile_cfgs) for s in LARGE + SHORT + COMMON]
+            jobs += [(fn, s, split_cfgs) for s in LONG]
+        else:
+            shapes = [(4096, 2048), (1048576, 8)] if args.quick else LARGE[:2] + SHORT[:1] + SHORT[3:4]
+            jobs += [(fn, s, small_tiles) for s in shapes]
+            jobs += [(fn, s, [c for c in split_cfgs if c["_WARPS"] == 4]) for s in [(1, 1048576)]]
+    if "retrace" in fns:
+        jobs.append(("retrace18", (4096, 2048), small_tiles))
+    rows = []
+    t0 = time.time()
+    for fn, (n, t), cfgs in tqdm(jobs, desc="sweep", unit="shape"):
+        if fn == "retrace18":
+            specs.NUM_ACTIONS = 18
+            got = sweep_shape("retrace", n, t, cfgs, budget)
+            specs.NUM_ACTIONS = 4
+            for r in got:
+                r["num_actions"] = 18
+        else:
+            got = sweep_shape(fn, n, t, cfgs, budget)
+        rows += got
+        ok = [r for r in got if r["status"] == "ok" and not r.get("duplicate")]
+        if ok:
+            b = min(ok, key=lambda r: r["kernel_us"])
+            tqdm.write(
+                f"{fn} {n}x{t}: best {b['kernel_us']:.1f} us = {b['fraction_of_copy']:.2f} of copy at BN={b['bn']} "
+                f"BT={b['bt']} W={b['warps']} NK={b['nk']} ({len(ok)} variants)"
+            )
+    meta = {
+        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+        "python": platform.python_version(), "seconds": time.time() - t0,
+    }  # fmt: skip
+    report = compiled_report()
+    spills = [r for r in report if r["n_spills"]]
+    print(f"{len(report)} compiled variants, {len(spills)} with spills")
+    for r in spills:
+        print("SPILLS", r)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows, "compiled": report}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
