@@ -10,6 +10,11 @@ Modes:
   4 forward scan over reversed offsets (descending loads)
   5 tl.flip around a forward scan   6 reverse=True scan + carry extraction
   7 reversed offsets + carry extraction
+  9 two-level reverse scan: reverse=True within each thread's V contiguous steps (axis in
+    registers), then over the per-thread aggregates (one value per thread), then applied
+  10 reverse scan without a reverse scan: the chunk as [G, 4] groups of 4 contiguous steps (one
+    vector load), groups numbered from the latest; the suffix inside a group unrolled in registers
+    (tl.split), a forward scan over the group aggregates, the outputs joined back (tl.join)
   8 reverse scan as a forward scan over groups of V contiguous steps taken in reverse order (loads
     stay vectorised within a group; the group is flipped in registers)
 
@@ -26,7 +31,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from rl_triton.kernels.core import linear_combine
+from rl_triton.kernels.core import linear_combine, linear_combine_next
 
 MODES = {
     0: "elementwise",
@@ -38,7 +43,61 @@ MODES = {
     6: "reverse=True + carry",
     7: "reversed offsets + carry",
     8: "grouped flip + fwd scan",
+    9: "two-level reverse scan",
+    10: "groups of 4 + fwd scan",
 }
+
+
+@triton.jit
+def two_level_reverse(b_a, b_b, BN: tl.constexpr, BT: tl.constexpr, V: tl.constexpr):
+    G: tl.constexpr = BT // V
+    a3 = tl.reshape(b_a, [BN, G, V])
+    b3 = tl.reshape(b_b, [BN, G, V])
+    A_in, B_in = tl.associative_scan((a3, b3), 2, linear_combine, reverse=True)
+    first = tl.arange(0, V)[None, None, :] == 0
+    gA = tl.sum(tl.where(first, A_in, 0.0), 2)
+    gB = tl.sum(tl.where(first, B_in, 0.0), 2)
+    _, _, nA, nB = tl.associative_scan(
+        (gA, gB, tl.full(gA.shape, 1.0, gA.dtype), tl.zeros(gB.shape, gB.dtype)), 1, linear_combine_next, reverse=True
+    )
+    return tl.reshape(A_in, [BN, BT]), tl.reshape(A_in * nB[:, :, None] + B_in, [BN, BT])
+
+
+@triton.jit
+def _split4(x):
+    """[..., 4] -> its four planes x[..., 0..3]."""
+    y0, y1 = tl.split(tl.reshape(x, x.shape[:-1] + [2, 2]))  # y_k[..., i] = x[..., 2 i + k]
+    x0, x2 = tl.split(y0)
+    x1, x3 = tl.split(y1)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _join4(x0, x1, x2, x3):
+    """Inverse of _split4."""
+    y0 = tl.join(x0, x2)
+    y1 = tl.join(x1, x3)
+    z = tl.join(y0, y1)  # z[..., i, k] = y_k[..., i] = x[2 i + k]
+    return tl.reshape(z, z.shape[:-2] + [4])
+
+
+@triton.jit
+def groups4_reverse(a3, b3, carry):
+    """Reverse recurrence over [BN, G, 4] tiles whose groups are ordered latest first (group g holds 4
+    ascending steps): returns x [BN, G, 4], given the state after the tile's latest step (carry [BN])."""
+    a0, a1, a2, a3_ = _split4(a3)
+    b0, b1, b2, b3_ = _split4(b3)
+    # suffix maps inside each group: s_j = e_j o e_{j+1} o ... o e_3 (apply e_3 first)
+    A3, B3 = a3_, b3_
+    A2, B2 = a2 * A3, a2 * B3 + b2
+    A1, B1 = a1 * A2, a1 * B2 + b1
+    A0, B0 = a0 * A1, a0 * B1 + b0
+    # state entering each group (after the later groups): forward exclusive scan over groups
+    _, _, nA, nB = tl.associative_scan(
+        (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
+    )
+    c = nA * carry[:, None] + nB
+    return _join4(A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3)
 
 
 @triton.jit
@@ -46,6 +105,17 @@ def probe_kernel(p_x, p_d, p_y, N, T, MODE: tl.constexpr, BN: tl.constexpr, BT: 
     o_n = tl.program_id(0) * BN + tl.arange(0, BN)
     m_n = o_n < N
     b_carry = tl.zeros([BN], dtype=tl.float32)
+    if MODE == 10:
+        G4: tl.constexpr = BT // 4
+        for i_c in range(0, tl.cdiv(T, BT)):
+            o_t = (T - (i_c + 1) * BT) + ((G4 - 1 - tl.arange(0, G4)) * 4)[:, None] + tl.arange(0, 4)[None, :]
+            m = m_n[:, None, None] & ((o_t >= 0) & (o_t < T))[None, :, :]
+            off = o_n.to(tl.int64)[:, None, None] * T + o_t[None, :, :]
+            b_x = tl.load(p_x + off, mask=m, other=0)
+            b_d = (tl.load(p_d + off, mask=m, other=0) != 0).to(tl.float32)
+            b_a = tl.where(m, 0.99 * (1 - b_d), 1.0)
+            tl.store(p_y + off, groups4_reverse(b_a, b_x, b_carry), mask=m)
+        return
     if MODE == 8:
         V: tl.constexpr = 4 if BT >= 4 else BT
         G: tl.constexpr = BT // V
@@ -74,7 +144,9 @@ def probe_kernel(p_x, p_d, p_y, N, T, MODE: tl.constexpr, BN: tl.constexpr, BT: 
         if MODE == 0:
             b_y = b_a * b_x
         else:
-            if MODE == 3 or MODE == 6:
+            if MODE == 9:
+                b_A, b_B = two_level_reverse(b_a, b_x, BN, BT, 16 if BT >= 16 else BT)
+            elif MODE == 3 or MODE == 6:
                 b_A, b_B = tl.associative_scan((b_a, b_x), 1, linear_combine, reverse=True)
             elif MODE == 5:
                 b_A, b_B = tl.associative_scan((tl.flip(b_a, 1), tl.flip(b_x, 1)), 1, linear_combine)
@@ -123,7 +195,7 @@ def main() -> None:
         copy_us = _time(lambda src=src, dst=dst: dst.copy_(src))
         for mode in args.modes:
             for bn, bt in {(1, min(t, 2048)), (2, min(t, 1024)), (max(1, 1024 // t), t), (max(1, 2048 // t), t)}:
-                for warps in (2, 4, 8, 16):
+                for warps in (4, 8):
                     if bn * bt < 32 * warps:
                         continue
 

@@ -7,4 +7,4 @@ from . import core
 if _config.INTERPRET:
     from ._interpret import install
 
-    install(core.linear_combine)
+    install(core.linear_combine, core.linear_combine_next)

@@ -2,9 +2,10 @@
 
 Triton's interpreter runs a scan with a user combine function one element at a time in Python
 (about 0.1 ms per element), which makes interpreted tests of realistic sizes take minutes. For our
-combine only, this replaces that loop by the same left fold vectorised with NumPy across the
-other axes: identical semantics (an inclusive scan of ``linear_combine`` along the axis), just
-fast. Every other scan goes through Triton's own code. Only the interpreter is affected.
+two combines only (``linear_combine`` and ``linear_combine_next``), this replaces that loop by the
+same left fold vectorised with NumPy across the other axes: identical semantics (an inclusive scan
+along the axis), just fast. Every other scan goes through Triton's own code. Only the interpreter
+is affected (``tests/test_interpret_fastpath.py`` checks the folds against a float64 loop).
 """
 
 from __future__ import annotations
@@ -12,7 +13,25 @@ from __future__ import annotations
 import numpy as np
 
 
-def install(combine) -> bool:
+def _fold_linear(a, b):
+    for i in range(1, a.shape[-1]):
+        # (a_l, b_l) then (a_r, b_r) -> (a_l * a_r, a_r * b_l + b_r), folded left to right
+        b[..., i] = a[..., i] * b[..., i - 1] + b[..., i]
+        a[..., i] = a[..., i - 1] * a[..., i]
+    return a, b
+
+
+def _fold_linear_next(a, b, na, nb):
+    for i in range(1, a.shape[-1]):
+        # linear_combine_next: the exclusive part uses the accumulated (a, b) before this element
+        nb[..., i] = na[..., i] * b[..., i - 1] + nb[..., i]
+        na[..., i] = a[..., i - 1] * na[..., i]
+        b[..., i] = a[..., i] * b[..., i - 1] + b[..., i]
+        a[..., i] = a[..., i - 1] * a[..., i]
+    return a, b, na, nb
+
+
+def install(*combines) -> bool:
     try:
         from triton.runtime import interpreter
     except ImportError:  # pragma: no cover - triton without an interpreter
@@ -21,21 +40,15 @@ def install(combine) -> bool:
     if scan_ops is None or getattr(scan_ops, "_rl_triton_patched", False):
         return scan_ops is not None
     original = scan_ops.generic_scan
-    target = getattr(combine, "fn", combine)
+    folds = {getattr(c, "fn", c): fold for c, fold in zip(combines, (_fold_linear, _fold_linear_next), strict=False)}
 
     def generic_scan(self, input):
-        if getattr(self.combine_fn, "fn", None) is not target or len(input) != 2:
+        fold = folds.get(getattr(self.combine_fn, "fn", None))
+        if fold is None or len(input) != fold.__code__.co_argcount:
             return original(self, input)
-        a = np.moveaxis(input[0].handle.data, self.axis, -1).copy()
-        b = np.moveaxis(input[1].handle.data, self.axis, -1).copy()
-        for i in range(1, a.shape[-1]):
-            # (a_l, b_l) then (a_r, b_r) -> (a_l * a_r, a_r * b_l + b_r), folded left to right
-            b[..., i] = a[..., i] * b[..., i - 1] + b[..., i]
-            a[..., i] = a[..., i - 1] * a[..., i]
-        return [
-            self.to_tensor(np.moveaxis(a, -1, self.axis), input[0].dtype),
-            self.to_tensor(np.moveaxis(b, -1, self.axis), input[1].dtype),
-        ]
+        data = [np.moveaxis(x.handle.data, self.axis, -1).copy() for x in input]
+        out = fold(*data)
+        return [self.to_tensor(np.moveaxis(o, -1, self.axis), x.dtype) for o, x in zip(out, input, strict=True)]
 
     scan_ops.generic_scan = generic_scan
     scan_ops._rl_triton_patched = True

@@ -1,11 +1,12 @@
 """The shared scan core: a chunked first-order linear recurrence over tiles of envs x time.
 
 A program owns ``BN`` envs and walks their rows in chunks of ``BT`` steps, in processing order
-(for a reverse recurrence the last chunk first). Inside a chunk time ascends along the tile, so
-loads are contiguous, and the pairs ``(a_t, b_t)`` are combined with ``tl.associative_scan``
-(``reverse=True`` for reverse recurrences); the state after the chunk (the carry) enters the next
-one. Masked elements are set to the identity ``(1, 0)`` so that they neither change the carry nor
-depend on what was loaded there.
+(for a reverse recurrence the last chunk first). A chunk is a [BN, G, 4] tile: groups of 4
+ascending steps (contiguous, so loads vectorise), the groups in processing order. The pairs
+``(a_t, b_t)`` are combined inside each group by straight-line code and across groups by a
+forward ``tl.associative_scan``; the state after the chunk (the carry) enters the next one. Masked
+elements are set to the identity ``(1, 0)`` so that they neither change the carry nor depend on
+what was loaded there.
 """
 
 from __future__ import annotations
@@ -21,17 +22,83 @@ def linear_combine(a_l, b_l, a_r, b_r):
 
 
 @triton.jit
-def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """Inclusive scan of one [BN, BT] chunk (time ascending along axis 1) seeded with the carry
-    [BN]: forward, or from the chunk's last slot to its first when REVERSE. Returns (x, new carry,
-    the chunk's product of a), the last two being the chunk's aggregate for multi-block scans."""
-    b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE)
-    b_x = b_A * b_carry[:, None] + b_B
-    if REVERSE:
-        b_edge = tl.arange(0, BT)[None, :] == 0
+def linear_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
+    # Segments L then R. (a, b): the map of the whole segment; (na, nb): the map of the segment
+    # without its last element. Associative; an element starts as ((a_t, b_t), identity).
+    return a_l * a_r, a_r * b_l + b_r, a_l * na_r, na_r * b_l + nb_r
+
+
+# Tiles are [BN, G, 4]: each chunk of BT steps is G = BT / 4 groups of 4 consecutive steps (one
+# 16-byte vector load per float32 row segment), numbered in processing order -- for a reverse
+# recurrence the latest group first. Inside a group the 4 steps are combined by straight-line
+# code in registers (in either direction, so no reverse scan is needed); across groups a forward
+# tl.associative_scan combines the group aggregates. Triton lowers tl.associative_scan(reverse=True)
+# with lane-reversing shuffles of every element, which made reverse recurrences ~1.5x slower than
+# forward ones (benchmarks/scan_variants.py, results/scan_variants_h200.json).
+GROUP = tl.constexpr(4)
+
+
+@triton.jit
+def _split4(x):
+    """[..., 4] -> the planes x[..., 0], ..., x[..., 3]."""
+    y0, y1 = tl.split(tl.reshape(x, x.shape[:-1] + [2, 2]))  # y_k[..., i] = x[..., 2 i + k]
+    x0, x2 = tl.split(y0)
+    x1, x3 = tl.split(y1)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _join4(x0, x1, x2, x3):
+    """Inverse of :func:`_split4`."""
+    z = tl.join(tl.join(x0, x2), tl.join(x1, x3))  # z[..., i, k] = x[..., 2 i + k]
+    return tl.reshape(z, z.shape[:-2] + [4])
+
+
+@triton.jit
+def _group_scan(b_a, b_b, b_carry, REVERSE: tl.constexpr):
+    """The scan of one [BN, G, 4] chunk: the maps (A_j, B_j) from the state entering each group to
+    its 4 states, the state entering each group [BN, G], and the chunk's aggregate (A, B) [BN]."""
+    a0, a1, a2, a3 = _split4(b_a)
+    b0, b1, b2, b3 = _split4(b_b)
+    if REVERSE:  # steps 3, 2, 1, 0 of the group in processing order
+        A3, B3 = a3, b3
+        A2, B2 = a2 * A3, a2 * B3 + b2
+        A1, B1 = a1 * A2, a1 * B2 + b1
+        A0, B0 = a0 * A1, a0 * B1 + b0
+        gA, gB = A0, B0
     else:
-        b_edge = tl.arange(0, BT)[None, :] == BT - 1
-    return b_x, tl.sum(tl.where(b_edge, b_x, 0.0), 1), tl.sum(tl.where(b_edge, b_A, 0.0), 1)
+        A0, B0 = a0, b0
+        A1, B1 = a1 * A0, a1 * B0 + b1
+        A2, B2 = a2 * A1, a2 * B1 + b2
+        A3, B3 = a3 * A2, a3 * B2 + b3
+        gA, gB = A3, B3
+    iA, iB, nA, nB = tl.associative_scan(
+        (gA, gB, tl.full(gA.shape, 1.0, gA.dtype), tl.zeros(gB.shape, gB.dtype)), 1, linear_combine_next
+    )
+    b_enter = nA * b_carry[:, None] + nB
+    b_last = tl.arange(0, gA.shape[1])[None, :] == gA.shape[1] - 1
+    b_Ac = tl.sum(tl.where(b_last, iA, 0.0), 1)
+    b_Bc = tl.sum(tl.where(b_last, iB, 0.0), 1)
+    return A0, B0, A1, B1, A2, B2, A3, B3, b_enter, b_Ac, b_Bc
+
+
+@triton.jit
+def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Scan of one [BN, G, 4] chunk (see :func:`chunk`) seeded with the carry [BN] (the state before
+    the chunk in processing order). Returns (x, new carry, the chunk's product of a), the last two
+    being the chunk's aggregate for multi-block scans."""
+    A0, B0, A1, B1, A2, B2, A3, B3, c, b_Ac, b_Bc = _group_scan(b_a, b_b, b_carry, REVERSE)
+    b_x = _join4(A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3)
+    return b_x, b_Ac * b_carry + b_Bc, b_Ac
+
+
+@triton.jit
+def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """:func:`scan_chunk` of a reverse recurrence that also returns x_{t+1} at each step (the carry
+    at the chunk's latest step), which V-trace and Retrace need in their epilogue."""
+    A0, B0, A1, B1, A2, B2, A3, B3, c, b_Ac, b_Bc = _group_scan(b_a, b_b, b_carry, REVERSE)
+    x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
+    return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), b_Ac * b_carry + b_Bc, b_Ac
 
 
 # Multi-block scans. One program per (env block, time block) when rows are long and envs few:
@@ -89,15 +156,18 @@ def env_block(N, T, BN: tl.constexpr):
 
 @triton.jit
 def chunk(i_p, T, o_row, m_n, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """The ``i_p``-th chunk in processing order (the last chunk of the row first when REVERSE):
-    time of each slot [BT] (ascending, so loads are contiguous and vectorise), mask and element
-    offsets [BN, BT]."""
+    """The ``i_p``-th chunk in processing order (the last chunk of the row first when REVERSE), as
+    [G, 4] groups of 4 ascending steps, groups in processing order: time of each slot [G, 4], mask
+    and element offsets [BN, G, 4]."""
+    G: tl.constexpr = BT // GROUP
     i_c = i_p
+    o_g = tl.arange(0, G)
     if REVERSE:
         i_c = tl.cdiv(T, BT) - 1 - i_p
-    o_t = i_c * BT + tl.arange(0, BT)
-    m = m_n[:, None] & (o_t < T)[None, :]
-    return o_t, m, o_row[:, None] + o_t[None, :]
+        o_g = G - 1 - o_g
+    o_t = i_c * BT + (o_g * GROUP)[:, None] + tl.arange(0, GROUP)[None, :]
+    m = m_n[:, None, None] & (o_t < T)[None, :, :]
+    return o_t, m, o_row[:, None, None] + o_t[None, :, :]
 
 
 @triton.jit

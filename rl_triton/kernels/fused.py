@@ -6,9 +6,8 @@ chunk is scanned by :func:`core.scan_chunk`, and the outputs are formed in regis
 epilogue). Nothing intermediate goes to device memory.
 
 V-trace and Retrace need ``x_{t+1}`` in their epilogue (``vs_{t+1}``, ``q_targets_{t+1}``). There is
-no register shift across a tile, so those kernels scan the sequence shifted by one step (the
-prologue evaluated at ``t+1``, whose loads hit the cache lines of the unshifted ones) to obtain
-``x_{t+1}``, and form ``x_t = a_t x_{t+1} + b_t`` elementwise.
+no register shift across a tile, so those kernels scan (inclusive, exclusive) pairs of maps
+(:func:`core.scan_chunk_next`), which gives ``x_t`` and ``x_{t+1}`` at slot ``t`` from one prologue.
 
 ``N`` and the hyper-parameters are not specialised on, so a gamma schedule or a new number of envs
 does not recompile. ``T`` is specialised the way Triton does by default (``T == 1``, ``T % 16 == 0``):
@@ -22,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .core import block_begin, block_end, chunk, env_block, hp_scalar, load_flag, scan_chunk
+from .core import block_begin, block_end, chunk, env_block, hp_scalar, load_flag, scan_chunk, scan_chunk_next
 
 
 @triton.jit
@@ -37,14 +36,14 @@ def step_context(
         b_trunc = load_flag(p_trunc, off, m, ACC)
     else:
         b_trunc = tl.zeros_like(b_term)
-    b_is_last = (o_t == T - 1)[None, :]
+    b_is_last = (o_t == T - 1)[None, :, :]
     b_bnd = tl.where(b_is_last, 1.0, b_trunc).to(ACC)
     b_boot = tl.zeros_like(b_term)
     if HAS_BOOT:
         b_boot = tl.load(p_boot + off, mask=m & (b_bnd != 0), other=0).to(ACC)
     if HAS_LAST:
         b_lv = tl.load(p_last + o_n, mask=m_n, other=0).to(ACC)
-        b_boot = tl.where(b_is_last, b_lv[:, None], b_boot)
+        b_boot = tl.where(b_is_last, b_lv[:, None, None], b_boot)
     return b_term, b_trunc, b_bnd, b_boot
 
 
@@ -151,15 +150,12 @@ def vtrace_kernel(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
         )  # fmt: skip
-        # The same recurrence one step later in time gives D_{t+1} at slot t.
-        m1 = m & (o_t + 1 < T)[None, :]
-        b_a1, b_b1, _, _, b_v1, _, _, _ = vtrace_step(
-            p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off + 1, o_n, o_t + 1, m1, m_n, T,
-            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
-        )  # fmt: skip
-        b_d1, b_carry, b_Ac = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT, True)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True)
         b_Ablk *= b_Ac
-        b_d = b_a * b_d1 + b_b
+        if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
+            b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
+        else:
+            b_v1 = b_vnext
         b_q = tl.where(b_bnd != 0, b_vnext, b_v1 + b_d1)  # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer
         if PHASE != 1:
             tl.store(p_vs + off, b_v + b_d, mask=m)
@@ -187,7 +183,7 @@ def retrace_step(
     b_ratio = b_pi / tl.load(p_pb + off, mask=m, other=1).to(ACC)
     b_rho = tl.minimum(b_ratio, rho_bar)
     # c_{t+1}; zero past the last step.
-    m1 = m & (o_t + 1 < T)[None, :]
+    m1 = m & (o_t + 1 < T)[None, :, :]
     b_act1 = tl.load(p_act + off + 1, mask=m1, other=0)
     m_act1 = m1 & (b_act1 >= 0) & (b_act1 < A)
     b_pi1 = tl.load(p_pt + (off + 1) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
@@ -249,14 +245,9 @@ def retrace_kernel(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
             gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
         )  # fmt: skip
-        m1 = m & (o_t + 1 < T)[None, :]
-        b_a1, b_b1, _, _, b_q1, _, _, _ = retrace_step(
-            p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off + 1, o_t + 1, m1, T, A,
-            gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
-        )  # fmt: skip
-        b_d1, b_carry, b_Ac = scan_chunk(tl.where(m1, b_a1, 1.0), tl.where(m1, b_b1, 0.0), b_carry, BT, True)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True)
         b_Ablk *= b_Ac
-        b_d = b_a * b_d1 + b_b
+        b_q1 = tl.load(p_q + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
         b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
         if PHASE != 1:
             tl.store(p_qt + off, b_q + b_d, mask=m)
@@ -331,7 +322,7 @@ def forward_trace_kernel(
         if STARTS_AT:
             b_done = load_flag(p_done, off, m, ACC)
         else:
-            b_done = load_flag(p_done, off - 1, m & (o_t >= 1)[None, :], ACC)
+            b_done = load_flag(p_done, off - 1, m & (o_t >= 1)[None, :, :], ACC)
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
         b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False)

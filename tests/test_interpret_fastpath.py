@@ -1,0 +1,56 @@
+"""The interpreter's NumPy folds for our scan combines (kernels/_interpret.py) against a float64
+loop over the steps, forward and reverse, on random data."""
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import rl_triton as R
+from rl_triton.kernels import core
+
+pytestmark = pytest.mark.skipif(not R.INTERPRET, reason="interpreter only")
+
+
+@triton.jit
+def _scan2(p_a, p_b, p_out, REVERSE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
+    off = tl.arange(0, BN)[:, None] * BT + tl.arange(0, BT)[None, :]
+    a, b = tl.associative_scan((tl.load(p_a + off), tl.load(p_b + off)), 1, core.linear_combine, reverse=REVERSE)
+    tl.store(p_out + off, a)
+    tl.store(p_out + BN * BT + off, b)
+
+
+@triton.jit
+def _scan4(p_a, p_b, p_out, REVERSE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
+    off = tl.arange(0, BN)[:, None] * BT + tl.arange(0, BT)[None, :]
+    x, y = tl.load(p_a + off), tl.load(p_b + off)
+    outs = tl.associative_scan(
+        (x, y, tl.full(x.shape, 1.0, x.dtype), tl.zeros(y.shape, y.dtype)), 1, core.linear_combine_next, reverse=REVERSE
+    )
+    for i in tl.static_range(4):
+        tl.store(p_out + i * BN * BT + off, outs[i])
+
+
+def _loop(a, b, reverse):
+    """(inclusive, exclusive) maps of the recurrence x -> a x + b, in processing order, float64."""
+    n, t = a.shape
+    out = np.zeros((4, n, t))
+    acc = (np.ones(n), np.zeros(n))
+    for p in range(t):
+        i = t - 1 - p if reverse else p
+        out[2, :, i], out[3, :, i] = acc
+        acc = (acc[0] * a[:, i], a[:, i] * acc[1] + b[:, i])
+        out[0, :, i], out[1, :, i] = acc
+    return out
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("kernel, n_out", [(_scan2, 2), (_scan4, 4)], ids=["linear_combine", "linear_combine_next"])
+def test_fast_fold_matches_loop(kernel, n_out, reverse):
+    g = torch.Generator().manual_seed(3)
+    a = torch.rand(4, 16, generator=g, dtype=torch.float64)
+    b = torch.randn(4, 16, generator=g, dtype=torch.float64)
+    out = torch.empty(n_out, 4, 16, dtype=torch.float64)
+    kernel[(1,)](a, b, out, REVERSE=reverse, BN=4, BT=16)
+    np.testing.assert_allclose(out.numpy(), _loop(a.numpy(), b.numpy(), reverse)[:n_out], rtol=1e-12, atol=1e-12)
