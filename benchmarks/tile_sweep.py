@@ -119,6 +119,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="GAE over the full grid, the others at 3 shapes")
     ap.add_argument("--functions", default="gae,vtrace,retrace,returns,lambda,traces,prefix")
+    ap.add_argument("--shapes", default=None, help="NxT list for every function, e.g. 4096x2048,1048576x8")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     budget = timing.QUICK
@@ -136,6 +137,9 @@ def main() -> None:
             jobs += [(fn, s, [c for c in split_cfgs if c["_WARPS"] == 4]) for s in [(1, 1048576)]]
     if "retrace" in fns:
         jobs.append(("retrace18", (4096, 2048), small_tiles))
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        jobs = [(fn, s, split_cfgs if s[0] < 256 else tile_cfgs) for fn in fns for s in shapes]
     rows = []
     t0 = time.time()
     for fn, (n, t), cfgs in tqdm(jobs, desc="sweep", unit="shape"):
