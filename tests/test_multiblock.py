@@ -9,6 +9,13 @@ import rl_triton as R
 from rl_triton.kernels import launch
 
 
+@pytest.fixture(params=["plain", "grouped"])
+def tile_form(monkeypatch, request):
+    """Both tile forms of kernels/core.py for the kernels that have a choice (GAE, V-trace, returns)."""
+    monkeypatch.setattr(launch, "_grouped", lambda tiles: request.param == "grouped")
+    return request.param
+
+
 @pytest.fixture
 def force_blocks(monkeypatch, request):
     min_chunks, per_block = request.param
@@ -62,7 +69,7 @@ CALLS = {
 @pytest.mark.parametrize("force_blocks", [(2, 1), (2, 2)], indirect=True, ids=["cpb1", "cpb2"])
 @pytest.mark.parametrize("shape", [(1, 300), (3, 449), (5, 100), (2, 1031)], ids=lambda s: f"N{s[0]}-T{s[1]}")
 @pytest.mark.parametrize("fn", list(CALLS))
-def test_multiblock_matches_reference(path, force_blocks, shape, fn):
+def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
     if not path.is_kernel:
         pytest.skip("multi-block scans are a kernel-path feature")
     x = _inputs(*shape, path.device)

@@ -1,12 +1,12 @@
 """The shared scan core: a chunked first-order linear recurrence over tiles of envs x time.
 
 A program owns ``BN`` envs and walks their rows in chunks of ``BT`` steps, in processing order
-(for a reverse recurrence the last chunk first). A chunk is a [BN, G, 4] tile: groups of 4
-ascending steps (contiguous, so loads vectorise), the groups in processing order. The pairs
-``(a_t, b_t)`` are combined inside each group by straight-line code and across groups by a
-forward ``tl.associative_scan``; the state after the chunk (the carry) enters the next one. Masked
-elements are set to the identity ``(1, 0)`` so that they neither change the carry nor depend on
-what was loaded there.
+(for a reverse recurrence the last chunk first). Inside a chunk time ascends in memory order (so
+loads are contiguous and vectorise); the pairs ``(a_t, b_t)`` are combined with
+``tl.associative_scan`` (plain tiles) or by straight-line code inside groups of 4 steps and a
+forward scan across groups (grouped tiles; see below). The state after the chunk (the carry)
+enters the next one. Masked elements are set to the identity ``(1, 0)`` so that they neither
+change the carry nor depend on what was loaded there.
 """
 
 from __future__ import annotations
@@ -28,13 +28,21 @@ def linear_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
     return a_l * a_r, a_r * b_l + b_r, a_l * na_r, na_r * b_l + nb_r
 
 
-# Tiles are [BN, G, 4]: each chunk of BT steps is G = BT / 4 groups of 4 consecutive steps (one
-# 16-byte vector load per float32 row segment), numbered in processing order -- for a reverse
-# recurrence the latest group first. Inside a group the 4 steps are combined by straight-line
-# code in registers (in either direction, so no reverse scan is needed); across groups a forward
-# tl.associative_scan combines the group aggregates. Triton lowers tl.associative_scan(reverse=True)
-# with lane-reversing shuffles of every element, which made reverse recurrences ~1.5x slower than
-# forward ones (benchmarks/scan_variants.py, results/scan_variants_h200.json).
+# Two tile forms, chosen per launch by the constexpr GROUPED (launch.py decides from measurements):
+#
+# * plain: [BN, BT], time ascending along the tile; one tl.associative_scan along it (reverse=True
+#   for reverse recurrences).
+# * grouped: [BN, G, 4], each chunk as G = BT / 4 groups of 4 consecutive steps (one 16-byte vector
+#   load per float32 row segment), the groups numbered in processing order -- for a reverse
+#   recurrence the latest group first. Inside a group the 4 steps are combined by straight-line
+#   code in registers (either direction); across groups a forward tl.associative_scan combines the
+#   group aggregates.
+#
+# Why both: Triton lowers tl.associative_scan(reverse=True) with lane-reversing shuffles of every
+# element (300+ shuffles per thread for a 1024-step chunk, 12 for the forward scan), which makes a
+# reverse recurrence ~1.5x slower than a forward one (benchmarks/scan_variants.py). The grouped form
+# avoids the reverse scan and wins for some tiles (GAE 16384x512: 0.77 of copy vs 0.63) but loses
+# for others (T = 32 or 128, and every forward recurrence) on an H200; see launch.py and NOTES.md.
 GROUP = tl.constexpr(4)
 
 
@@ -56,8 +64,9 @@ def _join4(x0, x1, x2, x3):
 
 @triton.jit
 def _group_scan(b_a, b_b, b_carry, REVERSE: tl.constexpr):
-    """The scan of one [BN, G, 4] chunk: the maps (A_j, B_j) from the state entering each group to
-    its 4 states, the state entering each group [BN, G], and the chunk's aggregate (A, B) [BN]."""
+    """The scan of one grouped [BN, G, 4] chunk: the maps (A_j, B_j) from the state entering each
+    group to its 4 states, the state entering each group [BN, G], and the new carry and the chunk's
+    product of a [BN]."""
     a0, a1, a2, a3 = _split4(b_a)
     b0, b1, b2, b3 = _split4(b_b)
     if REVERSE:  # steps 3, 2, 1, 0 of the group in processing order
@@ -79,26 +88,57 @@ def _group_scan(b_a, b_b, b_carry, REVERSE: tl.constexpr):
     b_last = tl.arange(0, gA.shape[1])[None, :] == gA.shape[1] - 1
     b_Ac = tl.sum(tl.where(b_last, iA, 0.0), 1)
     b_Bc = tl.sum(tl.where(b_last, iB, 0.0), 1)
-    return A0, B0, A1, B1, A2, B2, A3, B3, b_enter, b_Ac, b_Bc
+    return A0, B0, A1, B1, A2, B2, A3, B3, b_enter, b_Ac * b_carry + b_Bc, b_Ac
 
 
 @triton.jit
-def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """Scan of one [BN, G, 4] chunk (see :func:`chunk`) seeded with the carry [BN] (the state before
-    the chunk in processing order). Returns (x, new carry, the chunk's product of a), the last two
-    being the chunk's aggregate for multi-block scans."""
-    A0, B0, A1, B1, A2, B2, A3, B3, c, b_Ac, b_Bc = _group_scan(b_a, b_b, b_carry, REVERSE)
-    b_x = _join4(A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3)
-    return b_x, b_Ac * b_carry + b_Bc, b_Ac
+def _plain_edge(b_y, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """The value at the chunk's last processed slot of a plain [BN, BT] tile, per row."""
+    if REVERSE:
+        b_edge = tl.arange(0, BT)[None, :] == 0
+    else:
+        b_edge = tl.arange(0, BT)[None, :] == BT - 1
+    return tl.sum(tl.where(b_edge, b_y, 0.0), 1)
 
 
 @triton.jit
-def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """:func:`scan_chunk` of a reverse recurrence that also returns x_{t+1} at each step (the carry
-    at the chunk's latest step), which V-trace and Retrace need in their epilogue."""
-    A0, B0, A1, B1, A2, B2, A3, B3, c, b_Ac, b_Bc = _group_scan(b_a, b_b, b_carry, REVERSE)
-    x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
-    return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), b_Ac * b_carry + b_Bc, b_Ac
+def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr):
+    """Scan of one chunk (see :func:`chunk`) seeded with the carry [BN] (the state before the chunk
+    in processing order). Returns (x, new carry, the chunk's product of a), the last two being the
+    chunk's aggregate for multi-block scans."""
+    if GROUPED:
+        A0, B0, A1, B1, A2, B2, A3, B3, c, b_carry_new, b_Ac = _group_scan(b_a, b_b, b_carry, REVERSE)
+        b_x = _join4(A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3)
+    else:
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE)
+        b_x = b_A * b_carry[:, None] + b_B
+        b_carry_new = _plain_edge(b_x, BT, REVERSE)
+        b_Ac = _plain_edge(b_A, BT, REVERSE)
+    return b_x, b_carry_new, b_Ac
+
+
+@triton.jit
+def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr):
+    """:func:`scan_chunk` of a recurrence that also returns the state one step earlier in processing
+    order at each slot (x_{t+1} of a reverse recurrence; the carry at the chunk's first processed
+    slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
+    if GROUPED:
+        A0, B0, A1, B1, A2, B2, A3, B3, c, b_carry_new, b_Ac = _group_scan(b_a, b_b, b_carry, REVERSE)
+        x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
+        if REVERSE:
+            b_x, b_xn = _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c)
+        else:
+            b_x, b_xn = _join4(x0, x1, x2, x3), _join4(c, x0, x1, x2)
+    else:
+        b_A, b_B, b_nA, b_nB = tl.associative_scan(
+            (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
+            linear_combine_next, reverse=REVERSE,
+        )  # fmt: skip
+        b_x = b_A * b_carry[:, None] + b_B
+        b_xn = b_nA * b_carry[:, None] + b_nB
+        b_carry_new = _plain_edge(b_x, BT, REVERSE)
+        b_Ac = _plain_edge(b_A, BT, REVERSE)
+    return b_x, b_xn, b_carry_new, b_Ac
 
 
 # Multi-block scans. One program per (env block, time block) when rows are long and envs few:
@@ -155,19 +195,29 @@ def env_block(N, T, BN: tl.constexpr):
 
 
 @triton.jit
-def chunk(i_p, T, o_row, m_n, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """The ``i_p``-th chunk in processing order (the last chunk of the row first when REVERSE), as
-    [G, 4] groups of 4 ascending steps, groups in processing order: time of each slot [G, 4], mask
-    and element offsets [BN, G, 4]."""
-    G: tl.constexpr = BT // GROUP
+def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr):
+    """The ``i_p``-th chunk in processing order (the last chunk of the row first when REVERSE).
+    Returns, shaped to broadcast against the tile ([BN, BT] plain, [BN, G, 4] grouped): the time of
+    each slot ([1, BT] / [1, G, 4]), the mask and element offsets (tile-shaped), and the env ids
+    and their mask ([BN, 1] / [BN, 1, 1])."""
     i_c = i_p
-    o_g = tl.arange(0, G)
     if REVERSE:
         i_c = tl.cdiv(T, BT) - 1 - i_p
-        o_g = G - 1 - o_g
-    o_t = i_c * BT + (o_g * GROUP)[:, None] + tl.arange(0, GROUP)[None, :]
-    m = m_n[:, None, None] & (o_t < T)[None, :, :]
-    return o_t, m, o_row[:, None, None] + o_t[None, :, :]
+    if GROUPED:
+        G: tl.constexpr = BT // GROUP
+        o_g = tl.arange(0, G)
+        if REVERSE:
+            o_g = G - 1 - o_g
+        o_t = (i_c * BT + (o_g * GROUP)[:, None] + tl.arange(0, GROUP)[None, :])[None, :, :]
+        o_nb = o_n[:, None, None]
+        m_nb = m_n[:, None, None]
+        off = o_row[:, None, None] + o_t
+    else:
+        o_t = (i_c * BT + tl.arange(0, BT))[None, :]
+        o_nb = o_n[:, None]
+        m_nb = m_n[:, None]
+        off = o_row[:, None] + o_t
+    return o_t, m_nb & (o_t < T), off, o_nb, m_nb
 
 
 @triton.jit
@@ -203,8 +253,8 @@ def linear_scan_kernel(
     else:
         b_carry = tl.zeros([BN], dtype=ACC)
     for i_c in range(0, tl.cdiv(T, BT)):
-        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, REVERSE)
+        o_t, m, off, _n, _m = chunk(i_c, T, o_row, o_n, m_n, BT, REVERSE, False)
         b_a = tl.load(p_a + off, mask=m, other=1).to(ACC)
         b_b = tl.load(p_b + off, mask=m, other=0).to(ACC)
-        b_x, b_carry, _ = scan_chunk(b_a, b_b, b_carry, BT, REVERSE)
+        b_x, b_carry, _ = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, False)
         tl.store(p_x + off, b_x, mask=m)

@@ -36,14 +36,14 @@ def step_context(
         b_trunc = load_flag(p_trunc, off, m, ACC)
     else:
         b_trunc = tl.zeros_like(b_term)
-    b_is_last = (o_t == T - 1)[None, :, :]
+    b_is_last = o_t == T - 1
     b_bnd = tl.where(b_is_last, 1.0, b_trunc).to(ACC)
     b_boot = tl.zeros_like(b_term)
     if HAS_BOOT:
         b_boot = tl.load(p_boot + off, mask=m & (b_bnd != 0), other=0).to(ACC)
     if HAS_LAST:
-        b_lv = tl.load(p_last + o_n, mask=m_n, other=0).to(ACC)
-        b_boot = tl.where(b_is_last, b_lv[:, None, None], b_boot)
+        b_lv = tl.load(p_last + o_n, mask=m_n, other=0).to(ACC)  # env-shaped ([BN, 1(, 1)])
+        b_boot = tl.where(b_is_last, b_lv, b_boot)
     return b_term, b_trunc, b_bnd, b_boot
 
 
@@ -72,6 +72,7 @@ def gae_kernel(
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
     NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
     PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
+    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
@@ -80,9 +81,9 @@ def gae_kernel(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     for i_c in range(c_lo, c_hi):
-        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
+        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_term, b_trunc, b_bnd, b_boot = step_context(
-            p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
+            p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
         )
         b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
         b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
@@ -90,7 +91,7 @@ def gae_kernel(
         b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
         b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
-        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True)
+        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_adv + off, b_x, mask=m)
@@ -136,6 +137,7 @@ def vtrace_kernel(
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
     PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
+    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
@@ -145,12 +147,14 @@ def vtrace_kernel(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     for i_c in range(c_lo, c_hi):
-        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
+        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
-            p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
+            p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
         )  # fmt: skip
-        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(
+            tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True, GROUPED
+        )
         b_Ablk *= b_Ac
         if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
             b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
@@ -183,7 +187,7 @@ def retrace_step(
     b_ratio = b_pi / tl.load(p_pb + off, mask=m, other=1).to(ACC)
     b_rho = tl.minimum(b_ratio, rho_bar)
     # c_{t+1}; zero past the last step.
-    m1 = m & (o_t + 1 < T)[None, :, :]
+    m1 = m & (o_t + 1 < T)
     b_act1 = tl.load(p_act + off + 1, mask=m1, other=0)
     m_act1 = m1 & (b_act1 >= 0) & (b_act1 < A)
     b_pi1 = tl.load(p_pt + (off + 1) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
@@ -230,6 +234,7 @@ def retrace_kernel(
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
+    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
@@ -240,12 +245,14 @@ def retrace_kernel(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     for i_c in range(c_lo, c_hi):
-        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
+        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
             gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
         )  # fmt: skip
-        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(
+            tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True, GROUPED
+        )
         b_Ablk *= b_Ac
         b_q1 = tl.load(p_q + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
         b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
@@ -266,6 +273,7 @@ def returns_kernel(
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
     PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
+    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     o_n, m_n, o_row = env_block(N, T, BN)
@@ -275,9 +283,9 @@ def returns_kernel(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     for i_c in range(c_lo, c_hi):
-        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, True)
+        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_term, b_trunc, b_bnd, b_boot = step_context(
-            p_term, p_trunc, p_boot, p_boot, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, False, ACC
+            p_term, p_trunc, p_boot, p_boot, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, False, ACC
         )
         b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
         # X_t minus its recursive part: boot at truncations, (1-lam) nv + lam boot at the last step.
@@ -288,7 +296,7 @@ def returns_kernel(
         b_disc = gamma * (1 - b_term)
         b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
         b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
-        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True)
+        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_g + off, b_g, mask=m)
@@ -307,6 +315,7 @@ def forward_trace_kernel(
     STARTS_AT: tl.constexpr,  # reset at the flagged step instead of the step after it
     HAS_SEED: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
+    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
     o_n, m_n, o_row = env_block(N, T, BN)
@@ -318,14 +327,14 @@ def forward_trace_kernel(
         if PHASE != 1:  # the state entering the block: (A, B) of the blocks before it applied to the seed
             b_carry += b_Apre * tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off = chunk(i_c, T, o_row, m_n, BT, False)
+        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, False, GROUPED)
         if STARTS_AT:
             b_done = load_flag(p_done, off, m, ACC)
         else:
-            b_done = load_flag(p_done, off - 1, m & (o_t >= 1)[None, :, :], ACC)
+            b_done = load_flag(p_done, off - 1, m & (o_t >= 1), ACC)
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
-        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False)
+        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, GROUPED)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_out + off, b_y, mask=m)
