@@ -101,7 +101,8 @@ def collect_meta(*, gpu: str, device, mode: str, commit: str | None, argv: list[
         "rl_triton_path": path,
         "times_meaningful": device.type == "cuda" and not interpret,
         "timing": (
-            "kernel: triton.testing.do_bench median (L2 flushed); full call: CUDA events, median after warm-up"
+            "kernel: triton.testing.do_bench median of a CUDA-graph replay of the call (L2 flushed); "
+            "full call: CUDA events, median after warm-up"
             if device.type == "cuda"
             else "time.perf_counter medians on the CPU (smoke run: times are meaningless)"
         ),
@@ -274,7 +275,8 @@ def provenance(meta: dict) -> str:
     return text
 
 
-LEGEND = """Columns: *kernel* = `triton.testing.do_bench` median of the whole call (L2 flushed); *full call* =
+LEGEND = """Columns: *kernel* = `triton.testing.do_bench` median of a CUDA-graph replay of the call (GPU time
+without the host's launch time; L2 flushed); *full call* =
 CUDA events around one public call, median after warm-up; *GB/s* = the function's minimum bytes (inputs
 read once, outputs written once, bool flags 1 byte) / kernel time; *of copy* = GB/s / the GB/s of a
 device-to-device copy moving as many bytes, measured in the same run; *err* = max |error| / rms of the
