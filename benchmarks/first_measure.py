@@ -3,6 +3,9 @@ flushed), achieved GB/s against the bytes GAE must move, and the fraction of a d
 copy measured in the same run. Also checks every function against the PyTorch path in float64.
 
 Usage: python benchmarks/first_measure.py [--out results.json]
+
+Superseded for the performance issue by benchmarks/targets.py (issue shapes, CUDA-graph timing) and
+benchmarks/tile_sweep.py (tile sweep; this script's old --sweep).
 """
 
 from __future__ import annotations
@@ -107,42 +110,10 @@ def measure(name: str, n: int, t: int) -> dict:
     }  # fmt: skip
 
 
-def sweep() -> None:
-    """Times the GAE kernel over tile shapes (BN envs x BT steps per chunk, warps)."""
-    from rl_triton.kernels import launch
-
-    saved = (launch._tiles, launch._NUM_WARPS)
-    for n, t in [(64, 512), (4096, 2048), (16384, 256), (16, 32768)]:
-        r = torch.randn(n, t, device="cuda")
-        v = torch.randn(n, t, device="cuda")
-        term = torch.rand(n, t, device="cuda") < 0.01
-        best = None
-        for bn in (1, 2, 4, 8):
-            for bt in (32, 64, 128, 256):
-                for warps in (1, 2, 4, 8):
-                    launch._tiles, launch._NUM_WARPS = (lambda n, t, bn=bn, bt=bt: (bn, bt)), warps
-                    try:
-                        ms = triton.testing.do_bench(
-                            lambda r=r, v=v, term=term: R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95),
-                            return_mode="median",
-                        )
-                    except Exception as exc:  # a tile shape the compiler rejects
-                        print(f"sweep {n}x{t} BN={bn} BT={bt} warps={warps}: failed ({type(exc).__name__})")
-                        continue
-                    if best is None or ms < best[0]:
-                        best = (ms, bn, bt, warps)
-                    print(f"sweep {n}x{t} BN={bn} BT={bt} warps={warps}: {ms * 1e3:.1f} us")
-        print(f"best {n}x{t}: {best[0] * 1e3:.1f} us at BN={best[1]} BT={best[2]} warps={best[3]}")
-    launch._tiles, launch._NUM_WARPS = saved
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--sweep", action="store_true", help="also time GAE over tile shapes")
     args = ap.parse_args()
-    if args.sweep:
-        sweep()
     shapes = [(64, 512), (4096, 2048), (16384, 256), (16, 32768), (1, 262144)]
     rows = [measure("compute_gae", n, t) for n, t in shapes]
     rows += [measure(name, n, t) for name in CASES if name != "compute_gae" for n, t in [(64, 512), (4096, 2048)]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import torch
+import triton
 
 import rl_triton as R
 from rl_triton import _validation
@@ -49,11 +50,14 @@ def main() -> None:
     p = prep()
     term8 = term.view(torch.uint8)
 
+    tiles = launch._tiles(n, t)
+
     def raw_launch():
-        fused.gae_kernel[(32, 1)](
-            r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95), r, r, 1, t // 64,
+        fused.gae_kernel[(triton.cdiv(n, tiles.bn), 1)](
+            r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95), r, r, 1, triton.cdiv(t, tiles.bt),
             HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, PHASE=0,
-            ACC=launch._acc(torch.float32), BN=2, BT=64, num_warps=4,
+            ACC=launch._acc(torch.float32), BN=tiles.bn, BT=tiles.bt, NKP=1, GROUPED=launch._grouped(tiles),
+            num_warps=tiles.warps,
         )  # fmt: skip
 
     rows = {

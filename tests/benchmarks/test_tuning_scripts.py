@@ -1,0 +1,73 @@
+"""CPU checks of the kernel-tuning scripts' host-side logic (their measurements need a GPU):
+the issue-target verdicts and table of benchmarks.targets, the policy override of
+benchmarks.tile_sweep, and the probe kernel of benchmarks.scan_variants under the interpreter."""
+
+import pytest
+import torch
+
+import rl_triton as R
+from benchmarks import scan_variants, targets, tile_sweep
+from rl_triton.kernels import launch
+
+
+def _row(fn, n, t, dtype="float32", kernel_us=10.0, fraction=0.9, call_us=50.0, num_actions=None):
+    return {
+        "function": fn, "num_envs": n, "seq_len": t, "dtype": dtype, "num_actions": num_actions,
+        "family": targets.family(n, t), "kernel_us": kernel_us, "full_call_us": call_us,
+        "fraction_of_copy": fraction, "fraction_target": targets.fraction_target(fn, n, t),
+        "time_target_us": targets.TIME_TARGET_US.get((n, t)),
+        "full_call_target_us": targets.FULL_CALL_TARGET_US.get((fn, n, t)),
+    }  # fmt: skip
+
+
+def test_targets_families_and_thresholds():
+    assert targets.fraction_target("compute_gae", 4096, 2048) == 0.85
+    assert targets.fraction_target("compute_vtrace", 4096, 2048) == 0.80
+    assert targets.fraction_target("compute_retrace", 8192, 4096) == 0.70
+    assert targets.fraction_target("compute_gae", 1, 16777216) == 0.50
+    assert targets.fraction_target("compute_gae", 1048576, 8) == 0.60
+    assert targets.fraction_target("compute_gae", 64, 512) is None
+    assert len(targets.jobs(quick=True)) < len(targets.jobs(quick=False))
+
+
+def test_targets_verdicts():
+    rows = targets.verdicts(
+        [
+            _row("compute_gae", 4096, 2048, kernel_us=40.0, fraction=0.9),
+            _row("compute_gae", 4096, 2048, dtype="bfloat16", kernel_us=20.0, fraction=0.9),
+            _row("compute_gae", 1, 1048576, kernel_us=20.0, fraction=0.6),  # fraction ok, time missed
+            _row("compute_vtrace", 4096, 2048, fraction=0.79),
+            _row("compute_gae", 64, 512, call_us=9.0),
+        ]
+    )
+    assert [r["meets_targets"] for r in rows] == [True, True, False, False, False]
+    assert rows[1]["speedup_over_float32"] == pytest.approx(2.0)
+    table = targets.markdown(rows)
+    assert table.count("\n") == len(rows) + 2 and "2.00× fp32" in table and "**no**" in table
+
+
+def test_tile_sweep_policy_override_restores():
+    before = launch._tiles(4096, 2048)
+    with tile_sweep.policy(_BLOCK=2048, _WARPS=8, _MAX_BT=2048):
+        assert launch._tiles(4096, 2048) == launch.Tiles(1, 2048, 8)
+        assert tile_sweep._effective(4096, 2048)[:3] == (1, 2048, 8)
+    assert launch._tiles(4096, 2048) == before
+    assert len(tile_sweep._grid({"a": (1, 2), "b": (3, 4, 5)})) == 6
+
+
+@pytest.mark.skipif(not R.INTERPRET, reason="the probe kernel runs on CPU tensors only in the interpreter")
+@pytest.mark.parametrize("mode", sorted(set(scan_variants.MODES) - {0}))
+def test_scan_probe_modes_compute_the_recurrence(mode):
+    # single-chunk tiles (BT >= T): every scanning mode must produce the recurrence
+    g = torch.Generator().manual_seed(mode)
+    x = torch.randn(3, 32, generator=g)
+    d = (torch.rand(3, 32, generator=g) < 0.1).to(torch.uint8)
+    # x_t = 0.99 (1 - d_t) x_{t-1} + in_t (modes 1, 2: forward) or ... x_{t+1} ... (the others: reverse)
+    steps = range(32) if mode in (1, 2) else reversed(range(32))
+    ref, c = torch.zeros_like(x), torch.zeros(3)
+    for t in steps:
+        c = 0.99 * (1 - d[:, t].float()) * c + x[:, t]
+        ref[:, t] = c
+    y = torch.zeros_like(x)
+    scan_variants.probe_kernel[(3,)](x, d, y, 3, 32, MODE=mode, BN=1, BT=32)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
