@@ -55,6 +55,8 @@ class Prepared:
 
 def scalar(name: str, value, *, lo: float | None = 0.0, hi: float | None = 1.0) -> float:
     """Turns a Python number or a 0-d tensor into a float and checks its range."""
+    if type(value) is float and value == value and (lo is None or value >= lo) and (hi is None or value <= hi):
+        return value  # the common case, without the checks below (value == value excludes NaN)
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.dim() > 1:
             raise ValueError(f"{name} must be a Python float or a 0-d tensor, got a tensor of {_describe(value)}")
@@ -88,7 +90,74 @@ def _contiguous(name: str, t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+# Validation cache. A training loop calls with the same shapes, dtypes and devices every step, and
+# every check above depends on those only (plus None-ness), so a call whose signature matches one
+# that passed before skips them: the call costs ~4 us of Python instead of ~15 us (CI CPU). Only
+# plain contiguous tensors are cached (no copies or warnings to replay, no symbolic shapes), and
+# never CPU actions (their range check reads the values).
+_CACHE: dict = {}
+_CACHE_MAX = 512
+
+
+def _signature(fn: str, required: tuple, groups: tuple) -> tuple | None:
+    key = [fn, required]
+    for group in groups:
+        for name, t in group.items():
+            if t is None:
+                key.append(name)
+            elif type(t) is torch.Tensor and t.is_contiguous():
+                key.append((name, t.shape, t.dtype, t.device))
+            else:
+                return None
+    return tuple(key)
+
+
+def _from_cache(fn: str, meta: tuple, groups: tuple) -> Prepared:
+    num_envs, seq_len, dtype, device, squeeze, num_actions = meta
+    out = Prepared(fn, num_envs, seq_len, dtype, device, squeeze, {}, num_actions)
+    tensors = out.tensors
+    for group in groups:
+        for name, t in group.items():
+            if t is not None:
+                if squeeze:
+                    t = t.unsqueeze(0)
+                if t.dtype == torch.bool:
+                    t = t.view(torch.uint8)
+            tensors[name] = t
+    return out
+
+
 def prepare(
+    fn: str,
+    *,
+    steps: dict[str, torch.Tensor | None],
+    flags: dict[str, torch.Tensor | None],
+    per_env: dict[str, torch.Tensor | None] | None = None,
+    per_action: dict[str, torch.Tensor | None] | None = None,
+    actions: tuple[str, torch.Tensor] | None = None,
+    required: tuple[str, ...] = (),
+) -> Prepared:
+    """Validates and normalises the tensors of one call (see :func:`_prepare`); calls whose
+    signature passed validation before take the cached result."""
+    groups = (steps, flags, per_env or {}, per_action or {}, {} if actions is None else {actions[0]: actions[1]})
+    key = None
+    if actions is None or (isinstance(actions[1], torch.Tensor) and actions[1].device.type != "cpu"):
+        key = _signature(fn, required, groups)
+    if key is not None:
+        meta = _CACHE.get(key)
+        if meta is not None:
+            return _from_cache(fn, meta, groups)
+    out = _prepare(
+        fn, steps=steps, flags=flags, per_env=per_env, per_action=per_action, actions=actions, required=required
+    )
+    if key is not None:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[key] = (out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions)
+    return out
+
+
+def _prepare(
     fn: str,
     *,
     steps: dict[str, torch.Tensor | None],
