@@ -21,7 +21,7 @@ from . import core, fused
 # no program is mostly masked. Power-of-two size classes of T (and of N below the block size)
 # only, so a new rollout length recompiles at most once per class. Chosen from a sweep of every
 # kernel on an H200 (benchmarks/tile_sweep.py, results in benchmarks/results/tile_sweep_h200.json;
-# NOTES.md, "Measurements"): 1024-element programs won at every shape and for every kernel; 4 warps
+# NOTES.md, "Performance"): 1024-element programs won or tied at every shape and kernel swept; 4 warps
 # for rows of >= 512 steps, 8 for shorter ones (fewer registers per thread for the wide tiles of
 # short rows; V-trace and Retrace spill at 2048-element programs with 4 warps).
 _MAX_BT = 1024
