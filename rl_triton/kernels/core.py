@@ -32,17 +32,18 @@ def linear_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
 #
 # * plain: [BN, BT], time ascending along the tile; one tl.associative_scan along it (reverse=True
 #   for reverse recurrences).
-# * grouped: [BN, G, 4], each chunk as G = BT / 4 groups of 4 consecutive steps (one 16-byte vector
-#   load per float32 row segment), the groups numbered in processing order -- for a reverse
-#   recurrence the latest group first. Inside a group the 4 steps are combined by straight-line
-#   code in registers (either direction); across groups a forward tl.associative_scan combines the
-#   group aggregates.
+# * grouped (reverse recurrences only): [BN, G, 4], each chunk as G = BT / 4 groups of 4 consecutive
+#   steps (one 16-byte vector load per float32 row segment), the groups numbered in processing
+#   order, the latest group first. Inside a group the 4 steps are combined by straight-line code in
+#   registers; across groups a forward tl.associative_scan combines the group aggregates.
 #
 # Why both: Triton lowers tl.associative_scan(reverse=True) with lane-reversing shuffles of every
-# element (300+ shuffles per thread for a 1024-step chunk, 12 for the forward scan), which makes a
+# element (320 shfl.bfly + 12 shfl.up per thread for a 2048-step chunk with 4 warps, 12 shfl.up for
+# the forward scan; read from the PTX), which makes a
 # reverse recurrence ~1.5x slower than a forward one (benchmarks/scan_variants.py). The grouped form
 # avoids the reverse scan and wins for some tiles (GAE 16384x512: 0.77 of copy vs 0.63) but loses
-# for others (T = 32 or 128, and every forward recurrence) on an H200; see launch.py and NOTES.md.
+# for others (T = 32 or 128) on an H200; forward recurrences have no reverse scan to avoid and
+# always use plain tiles. See launch.py and NOTES.md.
 GROUP = tl.constexpr(4)
 
 
@@ -63,37 +64,29 @@ def _join4(x0, x1, x2, x3):
 
 
 @triton.jit
-def _group_scan(b_a, b_b, b_carry, REVERSE: tl.constexpr):
-    """The scan of one grouped [BN, G, 4] chunk: the maps (A_j, B_j) from the state entering each
-    group to its 4 states, the state entering each group [BN, G], and the new carry and the chunk's
-    product of a [BN]."""
+def _group_scan(b_a, b_b, b_carry):
+    """The scan of one grouped [BN, G, 4] chunk of a reverse recurrence: the maps (A_j, B_j) from the
+    state entering each group to its 4 states, the state entering each group [BN, G], and the new
+    carry and the chunk's product of a [BN]."""
     a0, a1, a2, a3 = _split4(b_a)
     b0, b1, b2, b3 = _split4(b_b)
-    if REVERSE:  # steps 3, 2, 1, 0 of the group in processing order
-        A3, B3 = a3, b3
-        A2, B2 = a2 * A3, a2 * B3 + b2
-        A1, B1 = a1 * A2, a1 * B2 + b1
-        A0, B0 = a0 * A1, a0 * B1 + b0
-        gA, gB = A0, B0
-    else:
-        A0, B0 = a0, b0
-        A1, B1 = a1 * A0, a1 * B0 + b1
-        A2, B2 = a2 * A1, a2 * B1 + b2
-        A3, B3 = a3 * A2, a3 * B2 + b3
-        gA, gB = A3, B3
+    # steps 3, 2, 1, 0 of the group in processing order
+    A3, B3 = a3, b3
+    A2, B2 = a2 * A3, a2 * B3 + b2
+    A1, B1 = a1 * A2, a1 * B2 + b1
+    A0, B0 = a0 * A1, a0 * B1 + b0
     iA, iB, nA, nB = tl.associative_scan(
-        (gA, gB, tl.full(gA.shape, 1.0, gA.dtype), tl.zeros(gB.shape, gB.dtype)), 1, linear_combine_next
+        (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
     )
     b_enter = nA * b_carry[:, None] + nB
-    b_last = tl.arange(0, gA.shape[1])[None, :] == gA.shape[1] - 1
-    b_Ac = tl.sum(tl.where(b_last, iA, 0.0), 1)
-    b_Bc = tl.sum(tl.where(b_last, iB, 0.0), 1)
+    b_Ac = _edge(iA, A0.shape[1], False)
+    b_Bc = _edge(iB, A0.shape[1], False)
     return A0, B0, A1, B1, A2, B2, A3, B3, b_enter, b_Ac * b_carry + b_Bc, b_Ac
 
 
 @triton.jit
-def _plain_edge(b_y, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """The value at the chunk's last processed slot of a plain [BN, BT] tile, per row."""
+def _edge(b_y, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """The value at the last processed slot of a [BN, BT] tile (slot 0 when REVERSE), per row."""
     if REVERSE:
         b_edge = tl.arange(0, BT)[None, :] == 0
     else:
@@ -107,13 +100,13 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUP
     in processing order). Returns (x, new carry, the chunk's product of a), the last two being the
     chunk's aggregate for multi-block scans."""
     if GROUPED:
-        A0, B0, A1, B1, A2, B2, A3, B3, c, b_carry_new, b_Ac = _group_scan(b_a, b_b, b_carry, REVERSE)
+        A0, B0, A1, B1, A2, B2, A3, B3, c, b_carry_new, b_Ac = _group_scan(b_a, b_b, b_carry)
         b_x = _join4(A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3)
     else:
         b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE)
         b_x = b_A * b_carry[:, None] + b_B
-        b_carry_new = _plain_edge(b_x, BT, REVERSE)
-        b_Ac = _plain_edge(b_A, BT, REVERSE)
+        b_carry_new = _edge(b_x, BT, REVERSE)
+        b_Ac = _edge(b_A, BT, REVERSE)
     return b_x, b_carry_new, b_Ac
 
 
@@ -123,12 +116,9 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
     order at each slot (x_{t+1} of a reverse recurrence; the carry at the chunk's first processed
     slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
     if GROUPED:
-        A0, B0, A1, B1, A2, B2, A3, B3, c, b_carry_new, b_Ac = _group_scan(b_a, b_b, b_carry, REVERSE)
+        A0, B0, A1, B1, A2, B2, A3, B3, c, b_carry_new, b_Ac = _group_scan(b_a, b_b, b_carry)
         x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
-        if REVERSE:
-            b_x, b_xn = _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c)
-        else:
-            b_x, b_xn = _join4(x0, x1, x2, x3), _join4(c, x0, x1, x2)
+        b_x, b_xn = _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c)
     else:
         b_A, b_B, b_nA, b_nB = tl.associative_scan(
             (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
@@ -136,8 +126,8 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
         )  # fmt: skip
         b_x = b_A * b_carry[:, None] + b_B
         b_xn = b_nA * b_carry[:, None] + b_nB
-        b_carry_new = _plain_edge(b_x, BT, REVERSE)
-        b_Ac = _plain_edge(b_A, BT, REVERSE)
+        b_carry_new = _edge(b_x, BT, REVERSE)
+        b_Ac = _edge(b_A, BT, REVERSE)
     return b_x, b_xn, b_carry_new, b_Ac
 
 
@@ -171,9 +161,8 @@ def block_begin(p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT: tl.constexpr, PHASE:
             (tl.load(p_agg_a + off, mask=m, other=1).to(ACC), tl.load(p_agg_b + off, mask=m, other=0).to(ACC)),
             1, linear_combine,
         )  # fmt: skip
-        b_last = o_k[None, :] == NKP - 1
-        b_Apre = tl.sum(tl.where(b_last, b_A, 0.0), 1)
-        b_Bpre = tl.sum(tl.where(b_last, b_B, 0.0), 1)
+        b_Apre = _edge(b_A, NKP, False)
+        b_Bpre = _edge(b_B, NKP, False)
     return i_k, c_lo, c_hi, b_Apre, b_Bpre, tl.full([BN], 1.0, dtype=ACC)
 
 
@@ -204,10 +193,9 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
     if REVERSE:
         i_c = tl.cdiv(T, BT) - 1 - i_p
     if GROUPED:
+        tl.static_assert(REVERSE, "grouped tiles serve reverse recurrences only")
         G: tl.constexpr = BT // GROUP
-        o_g = tl.arange(0, G)
-        if REVERSE:
-            o_g = G - 1 - o_g
+        o_g = G - 1 - tl.arange(0, G)  # latest group first
         o_t = (i_c * BT + (o_g * GROUP)[:, None] + tl.arange(0, GROUP)[None, :])[None, :, :]
         o_nb = o_n[:, None, None]
         m_nb = m_n[:, None, None]

@@ -234,7 +234,6 @@ def retrace_kernel(
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
-    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
@@ -245,13 +244,13 @@ def retrace_kernel(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, False)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
             gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
         )  # fmt: skip
         b_d, b_d1, b_carry, b_Ac = scan_chunk_next(
-            tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True, GROUPED
+            tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True, False
         )
         b_Ablk *= b_Ac
         b_q1 = tl.load(p_q + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
@@ -315,7 +314,6 @@ def forward_trace_kernel(
     STARTS_AT: tl.constexpr,  # reset at the flagged step instead of the step after it
     HAS_SEED: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
-    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
     o_n, m_n, o_row = env_block(N, T, BN)
@@ -327,14 +325,14 @@ def forward_trace_kernel(
         if PHASE != 1:  # the state entering the block: (A, B) of the blocks before it applied to the seed
             b_carry += b_Apre * tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, False, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, False, False)
         if STARTS_AT:
             b_done = load_flag(p_done, off, m, ACC)
         else:
             b_done = load_flag(p_done, off - 1, m & (o_t >= 1), ACC)
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
-        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, GROUPED)
+        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, False)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_out + off, b_y, mask=m)

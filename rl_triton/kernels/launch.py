@@ -158,7 +158,7 @@ def _scan_launch(kernel, n: int, t_len: int, device, args: tuple, constexprs: di
     env_programs = triton.cdiv(n, tiles.bn)
     n_chunks = triton.cdiv(t_len, tiles.bt)
     nk, cpb = _time_blocks(env_programs, n_chunks)
-    constexprs = {"GROUPED": False, **constexprs, "BN": tiles.bn, "BT": tiles.bt}
+    constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
         dummy = args[0]
         extra = (dummy, dummy, 1, n_chunks)
