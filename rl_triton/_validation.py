@@ -90,6 +90,15 @@ def _contiguous(name: str, t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | None:
+    """The kernels' view of a validated tensor: 2-D (a leading env dim for 1-D calls), contiguous,
+    ``bool`` reinterpreted as ``uint8`` (same bytes)."""
+    if t is None:
+        return None
+    t = _contiguous(name, t.unsqueeze(0) if squeeze else t)
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
 # Validation cache. A training loop calls with the same shapes, dtypes and devices every step, and
 # every check above depends on those only (plus None-ness), so a call whose signature matches one
 # that passed before skips them: the call costs ~4 us of Python instead of ~15 us (CI CPU). Only
@@ -115,15 +124,9 @@ def _signature(fn: str, required: tuple, groups: tuple) -> tuple | None:
 def _from_cache(fn: str, meta: tuple, groups: tuple) -> Prepared:
     num_envs, seq_len, dtype, device, squeeze, num_actions = meta
     out = Prepared(fn, num_envs, seq_len, dtype, device, squeeze, {}, num_actions)
-    tensors = out.tensors
     for group in groups:
         for name, t in group.items():
-            if t is not None:
-                if squeeze:
-                    t = t.unsqueeze(0)
-                if t.dtype == torch.bool:
-                    t = t.view(torch.uint8)
-            tensors[name] = t
+            out.tensors[name] = _layout(name, t, squeeze)
     return out
 
 
@@ -269,15 +272,8 @@ def _prepare(
                 )
         everything[name] = act
 
-    lead = (lambda t: t.unsqueeze(0)) if squeeze else (lambda t: t)
     for name, t in everything.items():
-        if t is None:
-            out.tensors[name] = None
-            continue
-        t = _contiguous(name, lead(t))
-        if t.dtype == torch.bool:
-            t = t.view(torch.uint8)  # same bytes, readable by the kernels
-        out.tensors[name] = t
+        out.tensors[name] = _layout(name, t, squeeze)
     return out
 
 
