@@ -24,14 +24,16 @@ Usage: python -m benchmarks.scan_variants [--out results.json]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
 from rl_triton.kernels.core import linear_combine, linear_combine_next
+
+from . import timing
 
 MODES = {
     0: "elementwise",
@@ -169,13 +171,13 @@ def probe_kernel(p_x, p_d, p_y, N, T, MODE: tl.constexpr, BN: tl.constexpr, BT: 
 probe_kernel_nospec = triton.jit(do_not_specialize=["T"])(probe_kernel.fn)
 
 
+# do_bench (5 ms warm-up, 25 ms of runs) of a CUDA-graph replay, as the suite times kernels.
+_BUDGET = dataclasses.replace(timing.QUICK, bench_rep_ms=25)
+
+
 def _time(fn) -> float:
     """do_bench median (µs) of a CUDA-graph replay of ``fn``."""
-    fn()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, warmup=5, rep=25, return_mode="median") * 1e3
+    return timing.kernel_us(fn, torch.device("cuda"), _BUDGET, graph=True)
 
 
 def main() -> None:

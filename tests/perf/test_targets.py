@@ -56,14 +56,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _compiled_kernels():
-    import rl_triton
-
-    if rl_triton.INTERPRET:
-        pytest.skip("perf: needs compiled kernels (RL_TRITON_TEST_NO_INTERPRET=1)")
-
-
 def _case(fn, n, t):
     miss = KNOWN_MISSES.get((fn, n, t))
     reason = f"measured short of the target on the H200: {miss}"
