@@ -40,14 +40,18 @@ COMMON = [(64, 512)]
 # Policy knobs (launch.py module constants) and the values tried.
 TILE_GRID = {"_BLOCK": (1024, 2048, 4096), "_WARPS": (4, 8), "_MAX_BT": (1024, 2048)}
 SPLIT_GRID = {"_TARGET_PROGRAMS": (528, 1056, 2112), "_MAX_BT": (1024, 2048), "_WARPS": (4, 8)}
-# "_WARPS" sets the launcher's warps for every row length.
+# "_WARPS" sets the launcher's warps for every row length; "GROUPED" ("on" / "off") overrides the
+# launcher's choice of tile form for the reverse recurrences (launch._grouped).
 _WARP_KNOBS = ("_WARPS_LONG", "_WARPS_SHORT")
+_GROUPED_FORMS = {"on": lambda tiles, *_: True, "off": lambda tiles, *_: False}
 
 
 @contextlib.contextmanager
 def policy(**knobs):
     if "_WARPS" in knobs:
         knobs = {k: v for k, v in knobs.items() if k != "_WARPS"} | dict.fromkeys(_WARP_KNOBS, knobs["_WARPS"])
+    if "GROUPED" in knobs:
+        knobs = {k: v for k, v in knobs.items() if k != "GROUPED"} | {"_grouped": _GROUPED_FORMS[knobs["GROUPED"]]}
     saved = {k: getattr(launch, k) for k in knobs}
     for k, v in knobs.items():
         setattr(launch, k, v)
@@ -58,11 +62,17 @@ def policy(**knobs):
             setattr(launch, k, v)
 
 
-def _effective(n: int, t: int) -> tuple:
-    """What the launcher would run for (n, t) under the current policy."""
-    tiles = launch._tiles(n, t)
+def _effective(fn: str, n: int, t: int) -> tuple:
+    """What the launcher would run for ``fn`` at (n, t) under the current policy."""
+    if fn == "compute_retrace":
+        tiles, grouped = launch.retrace_tiles(n, t, specs.NUM_ACTIONS)
+    else:
+        tiles = launch._tiles(n, t)
+        grouped = fn not in ("compute_eligibility_traces", "compute_episodic_prefix_sum") and launch._grouped(
+            tiles, launch._GROUPED_MIN_BT_RETURNS if "returns" in fn else launch._GROUPED_MIN_BT
+        )
     nk, cpb = launch._time_blocks(triton.cdiv(n, tiles.bn), triton.cdiv(t, tiles.bt))
-    return (*tiles, nk, cpb)
+    return (*tiles, nk, cpb, grouped)
 
 
 def _grid(grid: dict) -> list[dict]:
@@ -78,7 +88,7 @@ def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Bud
     rows, seen = [], {}
     for knobs in configs:
         with policy(**knobs):
-            eff = _effective(n, t)
+            eff = _effective(spec.name, n, t)
             if eff in seen:  # same tiles and split as a configuration already timed
                 rows.append({**seen[eff], "knobs": knobs, "duplicate": True})
                 continue
@@ -90,7 +100,10 @@ def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Bud
             else:
                 row = {"status": "ok", "kernel_us": us, "fraction_of_copy": nbytes / (us * 1e-6) / 1e9 / copy}
         row |= {"function": spec.name, "num_envs": n, "seq_len": t, "dtype": str(dtype).removeprefix("torch.")}
-        row |= {"bn": eff[0], "bt": eff[1], "warps": eff[2], "nk": eff[3], "cpb": eff[4], "knobs": knobs}
+        if spec.name == "compute_retrace":
+            row["num_actions"] = specs.NUM_ACTIONS
+        row |= {"bn": eff[0], "bt": eff[1], "warps": eff[2], "nk": eff[3], "cpb": eff[4], "grouped": eff[5]}
+        row |= {"knobs": knobs}
         seen[eff] = row
         rows.append(row)
     x.release()
@@ -120,11 +133,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="GAE over the full grid, the others at 3 shapes")
     ap.add_argument("--functions", default="gae,vtrace,retrace,returns,lambda,traces,prefix")
     ap.add_argument("--shapes", default=None, help="NxT list for every function, e.g. 4096x2048,1048576x8")
+    ap.add_argument("--grouped", action="store_true", help="also sweep the tile form of the reverse recurrences")
+    ap.add_argument("--grid", default=None, help="JSON overriding tile-grid knobs, e.g. '{\"_MAX_BT\": [1024]}'")
+    ap.add_argument("--actions", type=int, default=None, help="number of actions of Retrace's inputs (default 4)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.actions:
+        specs.NUM_ACTIONS = args.actions
     budget = timing.QUICK
     fns = args.functions.split(",")
-    tile_cfgs, split_cfgs = _grid(TILE_GRID), _grid(SPLIT_GRID)
+    tile_grid, split_grid = dict(TILE_GRID), dict(SPLIT_GRID)
+    if args.grid:
+        tile_grid |= {k: tuple(v) for k, v in json.loads(args.grid).items()}
+    if args.grouped:
+        tile_grid["GROUPED"] = split_grid["GROUPED"] = ("off", "on")
+    tile_cfgs, split_cfgs = _grid(tile_grid), _grid(split_grid)
     small_tiles = tile_cfgs
     jobs = []
     for fn in fns:
@@ -157,7 +180,7 @@ def main() -> None:
             b = min(ok, key=lambda r: r["kernel_us"])
             tqdm.write(
                 f"{fn} {n}x{t}: best {b['kernel_us']:.1f} us = {b['fraction_of_copy']:.2f} of copy at BN={b['bn']} "
-                f"BT={b['bt']} W={b['warps']} NK={b['nk']} ({len(ok)} variants)"
+                f"BT={b['bt']} W={b['warps']} NK={b['nk']} grouped={b['grouped']} ({len(ok)} variants)"
             )
     meta = {
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,

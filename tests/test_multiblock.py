@@ -12,7 +12,7 @@ from rl_triton.kernels import launch
 @pytest.fixture(params=["plain", "grouped"])
 def tile_form(monkeypatch, request):
     """Both tile forms of kernels/core.py for the kernels that have a choice (GAE, V-trace, returns)."""
-    monkeypatch.setattr(launch, "_grouped", lambda tiles: request.param == "grouped")
+    monkeypatch.setattr(launch, "_grouped", lambda tiles, *_: request.param == "grouped")
     return request.param
 
 

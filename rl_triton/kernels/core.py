@@ -65,9 +65,10 @@ def _join4(x0, x1, x2, x3):
 
 @triton.jit
 def _group_scan(b_a, b_b, b_carry):
-    """The scan of one grouped [BN, G, 4] chunk of a reverse recurrence: the maps (A_j, B_j) from the
-    state entering each group to its 4 states, the state entering each group [BN, G], and the new
-    carry and the chunk's product of a [BN]."""
+    """The scan of one grouped [G, BN, 4] chunk of a reverse recurrence, seeded with the carry as a
+    [G, BN] tile (see :func:`carry_tile`): the maps (A_j, B_j) from the state entering each group to
+    its 4 states, the state entering each group [G, BN], the new carry tile and the chunk's product
+    of a [BN]."""
     a0, a1, a2, a3 = _split4(b_a)
     b0, b1, b2, b3 = _split4(b_b)
     # steps 3, 2, 1, 0 of the group in processing order
@@ -76,12 +77,33 @@ def _group_scan(b_a, b_b, b_carry):
     A1, B1 = a1 * A2, a1 * B2 + b1
     A0, B0 = a0 * A1, a0 * B1 + b0
     iA, iB, nA, nB = tl.associative_scan(
-        (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
+        (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, linear_combine_next
     )
-    b_enter = nA * b_carry[:, None] + nB
-    b_Ac = _edge(iA, A0.shape[1], False)
-    b_Bc = _edge(iB, A0.shape[1], False)
-    return A0, B0, A1, B1, A2, B2, A3, B3, b_enter, b_Ac * b_carry + b_Bc, b_Ac
+    b_enter = nA * b_carry + nB
+    # the chunk's aggregate, kept broadcast over the groups (one reduction, no [BN] -> tile broadcast)
+    b_last = tl.arange(0, A0.shape[0])[:, None] == A0.shape[0] - 1
+    b_Ac = tl.sum(tl.where(b_last, iA, 0.0), 0, keep_dims=True)
+    b_Bc = tl.sum(tl.where(b_last, iB, 0.0), 0, keep_dims=True)
+    return A0, B0, A1, B1, A2, B2, A3, B3, b_enter, b_Ac * b_carry + b_Bc, tl.sum(tl.where(b_last, iA, 0.0), 0)
+
+
+@triton.jit
+def carry_tile(b_carry, BT: tl.constexpr, GROUPED: tl.constexpr):
+    """The carry [BN] in the form the chunk scan of the tile form takes and returns: unchanged for
+    plain tiles, broadcast to [G, BN] for grouped ones. Triton lays a [BN] vector out on its own; a
+    broadcast of it inside every chunk went through shared memory with a full row per thread (1 KB
+    per thread at G = 256, read from the PTX), so grouped tiles carry the broadcast tile instead."""
+    if GROUPED:
+        b_carry = tl.broadcast_to(b_carry[None, :], [BT // GROUP, b_carry.shape[0]])
+    return b_carry
+
+
+@triton.jit
+def carry_row(b_carry, GROUPED: tl.constexpr):
+    """Inverse of :func:`carry_tile`: the carry as [BN]."""
+    if GROUPED:
+        b_carry = tl.sum(tl.where(tl.arange(0, b_carry.shape[0])[:, None] == 0, b_carry, 0.0), 0)
+    return b_carry
 
 
 @triton.jit
@@ -196,10 +218,10 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         tl.static_assert(REVERSE, "grouped tiles serve reverse recurrences only")
         G: tl.constexpr = BT // GROUP
         o_g = G - 1 - tl.arange(0, G)  # latest group first
-        o_t = (i_c * BT + (o_g * GROUP)[:, None] + tl.arange(0, GROUP)[None, :])[None, :, :]
-        o_nb = o_n[:, None, None]
-        m_nb = m_n[:, None, None]
-        off = o_row[:, None, None] + o_t
+        o_t = (i_c * BT + o_g * GROUP)[:, None, None] + tl.arange(0, GROUP)[None, None, :]
+        o_nb = o_n[None, :, None]
+        m_nb = m_n[None, :, None]
+        off = o_row[None, :, None] + o_t
     else:
         o_t = (i_c * BT + tl.arange(0, BT))[None, :]
         o_nb = o_n[:, None]

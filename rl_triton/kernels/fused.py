@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import core
 from .core import block_begin, block_end, chunk, env_block, hp_scalar, load_flag, scan_chunk, scan_chunk_next
 
 
@@ -80,6 +81,7 @@ def gae_kernel(
     i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
+    b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_term, b_trunc, b_bnd, b_boot = step_context(
@@ -95,6 +97,7 @@ def gae_kernel(
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_adv + off, b_x, mask=m)
+    b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
@@ -146,6 +149,7 @@ def vtrace_kernel(
     i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
+    b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
@@ -164,14 +168,15 @@ def vtrace_kernel(
         if PHASE != 1:
             tl.store(p_vs + off, b_v + b_d, mask=m)
             tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_q - b_v), mask=m)
+    b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
 @triton.jit
 def retrace_step(
-    p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
+    p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
     gamma, lmbda, c_bar, rho_bar,
-    HAS_TRUNC: tl.constexpr, ACC: tl.constexpr,
+    A: tl.constexpr, AP: tl.constexpr, HAS_TRUNC: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     """Retrace prologue at the steps ``o_t``: (a, b) of Delta_t = b + a Delta_{t+1}, plus
     (rho, r, q, term, boundary, E) for the epilogue."""
@@ -193,11 +198,13 @@ def retrace_step(
     b_pi1 = tl.load(p_pt + (off + 1) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
     b_ratio1 = b_pi1 / tl.load(p_pb + off + 1, mask=m1, other=1).to(ACC)
     b_c1 = tl.where(m1, lmbda * tl.minimum(b_ratio1, c_bar), 0.0)
-    # E_t = sum_a w[t, a] Q(s_{t+1}, a)
-    b_e = tl.zeros_like(b_r)
-    for i_a in range(0, A):
-        b_w = tl.load(p_w + off * A + i_a, mask=m, other=0).to(ACC)
-        b_e += b_w * tl.load(p_nq + off * A + i_a, mask=m, other=0).to(ACC)
+    # E_t = sum_a w[t, a] Q(s_{t+1}, a), from [..., AP] tiles: the A actions of a step are contiguous, so
+    # the rows load as vectors (A is a constexpr); a loop over actions loaded every A-th element instead.
+    ax: tl.constexpr = len(off.shape)
+    o_a = tl.arange(0, AP)
+    off_a = tl.expand_dims(off, ax) * A + o_a
+    m_a = tl.expand_dims(m, ax) & (o_a < A)
+    b_e = tl.sum(tl.load(p_w + off_a, mask=m_a, other=0).to(ACC) * tl.load(p_nq + off_a, mask=m_a, other=0).to(ACC), ax)
     b_a = gamma * b_c1 * (1 - tl.maximum(b_term, b_trunc))
     b_b = b_r + gamma * (1 - b_term) * b_e - b_q
     return b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e
@@ -208,7 +215,6 @@ def retrace_step(
         "N",
         "NK",
         "CPB",
-        "A",
         "gamma_hi",
         "gamma_lo",
         "lmbda_hi",
@@ -229,11 +235,14 @@ def retrace_kernel(
     p_r, p_term, p_trunc,  # [N, T] rewards, terminateds, truncateds
     p_qt,  # [N, T] output Q targets
     p_adv,  # [N, T] output advantages
-    N, T, A,
+    N, T,
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo,
     p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
+    A: tl.constexpr,  # number of actions
+    AP: tl.constexpr,  # A rounded up to a power of two (the action axis of the tiles)
     HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
+    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     o_n, m_n, o_row = env_block(N, T, BN)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
@@ -243,14 +252,15 @@ def retrace_kernel(
     i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
+    b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, False)
+        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
-            p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T, A,
-            gamma, lmbda, c_bar, rho_bar, HAS_TRUNC, ACC,
+            p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
+            gamma, lmbda, c_bar, rho_bar, A, AP, HAS_TRUNC, ACC,
         )  # fmt: skip
         b_d, b_d1, b_carry, b_Ac = scan_chunk_next(
-            tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True, False
+            tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True, GROUPED
         )
         b_Ablk *= b_Ac
         b_q1 = tl.load(p_q + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
@@ -258,6 +268,7 @@ def retrace_kernel(
         if PHASE != 1:
             tl.store(p_qt + off, b_q + b_d, mask=m)
             tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_x - b_q), mask=m)
+    b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
@@ -281,6 +292,7 @@ def returns_kernel(
     i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
         p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
+    b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_term, b_trunc, b_bnd, b_boot = step_context(
@@ -299,6 +311,7 @@ def returns_kernel(
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_g + off, b_g, mask=m)
+    b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 

@@ -28,6 +28,11 @@ _MAX_BT = 1024
 _BLOCK = 1024
 _WARPS_LONG = 4  # BT >= 512
 _WARPS_SHORT = 8
+# Retrace: steps per program scaled by _RETRACE_ACTIONS / (actions rounded up to a power of two),
+# at least _RETRACE_MIN_BLOCK.
+_RETRACE_ACTIONS = 4
+_RETRACE_MIN_BLOCK = 128
+_RETRACE_GROUPED_MAX_AP = 8  # grouped tiles and 8 warps up to this many (padded) actions, plain and 4 beyond
 
 
 class Tiles(NamedTuple):
@@ -36,20 +41,26 @@ class Tiles(NamedTuple):
     warps: int
 
 
-def _tiles(n: int, t: int) -> Tiles:
-    bt = min(_MAX_BT, max(4, triton.next_power_of_2(max(t, 1))))
-    bn = max(1, min(_BLOCK // bt, triton.next_power_of_2(max(n, 1))))
+def _tiles(n: int, t: int, block: int | None = None) -> Tiles:
+    block = _BLOCK if block is None else block
+    bt = min(_MAX_BT, block, max(4, triton.next_power_of_2(max(t, 1))))
+    bn = max(1, min(block // bt, triton.next_power_of_2(max(n, 1))))
     return Tiles(bn, bt, _WARPS_LONG if bt >= 512 else _WARPS_SHORT)
 
 
-# Grouped tiles (kernels/core.py) for the reverse recurrences of GAE, V-trace and the returns, where
-# they measured faster on the H200 than the plain tile's reverse scan: chunks of <= 8 steps and of
-# 512 steps (GAE 1,048,576x8: 0.61 of copy vs 0.53; 16384x512: 0.77 vs 0.63; TD(lambda) 16384x512:
-# 0.87 vs 0.77). Plain tiles elsewhere: grouped ones were slower at 32- and 128-step chunks
-# (GAE 262144x32: 0.36 vs 0.73), with one env per program at 1024 steps (0.48 vs 0.62), for every
-# forward recurrence, and for Retrace with many actions (18 actions, 4096x2048: 5.7 ms vs 1.1 ms).
-def _grouped(tiles: Tiles) -> bool:
-    return tiles.bt <= 8 or tiles.bt == 512
+# Grouped tiles (kernels/core.py) for the reverse recurrences of GAE, V-trace and the returns: they
+# avoid Triton's reverse=True scan and measured faster than plain tiles on the H200 at every chunk
+# length of 32 steps or more (benchmarks/tile_sweep.py --grouped; GAE 4096x2048: 0.77 of copy vs
+# 0.62, 262144x32: 0.94 vs 0.72; discounted returns 65536x128: 0.95 vs 0.68; NOTES.md). At 8-step
+# chunks (two groups) they lost for GAE and V-trace (GAE 1,048,576x8: 0.39 vs 0.57) but won for the
+# returns (discounted 0.70 vs 0.57), hence a minimum chunk length per kernel. Forward recurrences
+# have no reverse scan to avoid and use plain tiles; so does Retrace (its own tile, see retrace()).
+_GROUPED_MIN_BT = 16
+_GROUPED_MIN_BT_RETURNS = 4
+
+
+def _grouped(tiles: Tiles, min_bt: int = _GROUPED_MIN_BT) -> bool:
+    return tiles.bt >= min_bt
 
 
 @functools.lru_cache(maxsize=256)
@@ -215,18 +226,34 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
     return vs, adv
 
 
+def retrace_tiles(n: int, t: int, num_actions: int) -> tuple[Tiles, bool]:
+    """Retrace's tiles and tile form (grouped or not). The [N, T, A] inputs are loaded as [..., AP]
+    tiles (AP: the actions rounded up to a power of two): programs of _BLOCK * _RETRACE_ACTIONS / AP
+    steps keep the tile at _BLOCK * _RETRACE_ACTIONS elements whatever the number of actions. Measured
+    on the H200 (benchmarks/tile_sweep.py, NOTES.md): with 4 actions, grouped tiles and 8 warps
+    (4096x2048: 0.85 of copy; 4 warps 0.66, plain 0.48); with 18 actions (AP = 32, 128-step programs),
+    plain tiles and 4 warps (0.53; grouped 0.41, 8 warps 0.14-0.28)."""
+    ap = triton.next_power_of_2(num_actions)
+    tiles = _tiles(n, t, block=max(_RETRACE_MIN_BLOCK, _BLOCK * _RETRACE_ACTIONS // ap))
+    few_actions = ap <= _RETRACE_GROUPED_MAX_AP
+    tiles = tiles._replace(warps=_WARPS_SHORT if few_actions else _WARPS_LONG)
+    return tiles, few_actions and _grouped(tiles)
+
+
 def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
     qt, adv = p.new_output(), p.new_output()
     probs = t["action_probs_target"]
+    tiles, grouped = retrace_tiles(p.num_envs, p.seq_len, p.num_actions)
     _scan_launch(
         fused.retrace_kernel, p.num_envs, p.seq_len, p.device,
         (probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
         t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
-        qt, adv, p.num_envs, p.seq_len, p.num_actions,
+        qt, adv, p.num_envs, p.seq_len,
         *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
-        dict(HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype)),
-        _tiles(p.num_envs, p.seq_len),
+        dict(A=p.num_actions, AP=triton.next_power_of_2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None,
+        ACC=_acc(p.dtype), GROUPED=grouped),
+        tiles,
     )  # fmt: skip
     return qt, adv
 
@@ -241,7 +268,8 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
         (r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
         _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
         dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
-        HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), GROUPED=_grouped(tiles)),
+        HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype),
+        GROUPED=_grouped(tiles, _GROUPED_MIN_BT_RETURNS)),
         tiles,
     )  # fmt: skip
     return out
