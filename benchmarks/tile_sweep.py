@@ -72,7 +72,10 @@ def _effective(fn: str, n: int, t: int) -> tuple:
             tiles, launch._GROUPED_MIN_BT_RETURNS if "returns" in fn else launch._GROUPED_MIN_BT
         )
     nk, cpb = launch._time_blocks(triton.cdiv(n, tiles.bn), triton.cdiv(t, tiles.bt))
-    return (*tiles, nk, cpb, grouped)
+    lookback = nk > 1 and launch._LOOKBACK and tiles.bn == 1
+    if lookback:
+        nk, cpb = triton.cdiv(t, tiles.bt), 1
+    return (*tiles, nk, cpb, grouped, lookback)
 
 
 def _grid(grid: dict) -> list[dict]:
@@ -103,6 +106,7 @@ def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Bud
         if spec.name == "compute_retrace":
             row["num_actions"] = specs.NUM_ACTIONS
         row |= {"bn": eff[0], "bt": eff[1], "warps": eff[2], "nk": eff[3], "cpb": eff[4], "grouped": eff[5]}
+        row |= {"lookback": eff[6]}
         row |= {"knobs": knobs}
         seen[eff] = row
         rows.append(row)
@@ -135,16 +139,19 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="NxT list for every function, e.g. 4096x2048,1048576x8")
     ap.add_argument("--grouped", action="store_true", help="also sweep the tile form of the reverse recurrences")
     ap.add_argument("--grid", default=None, help="JSON overriding tile-grid knobs, e.g. '{\"_MAX_BT\": [1024]}'")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
     ap.add_argument("--actions", type=int, default=None, help="number of actions of Retrace's inputs (default 4)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.actions:
         specs.NUM_ACTIONS = args.actions
+    dtype = getattr(torch, args.dtype)
     budget = timing.QUICK
     fns = args.functions.split(",")
     tile_grid, split_grid = dict(TILE_GRID), dict(SPLIT_GRID)
-    if args.grid:
+    if args.grid:  # the knobs given replace those of both grids
         tile_grid |= {k: tuple(v) for k, v in json.loads(args.grid).items()}
+        split_grid |= {k: tuple(v) for k, v in json.loads(args.grid).items()}
     if args.grouped:
         tile_grid["GROUPED"] = split_grid["GROUPED"] = ("off", "on")
     tile_cfgs, split_cfgs = _grid(tile_grid), _grid(split_grid)
@@ -168,19 +175,20 @@ def main() -> None:
     for fn, (n, t), cfgs in tqdm(jobs, desc="sweep", unit="shape"):
         if fn == "retrace18":
             specs.NUM_ACTIONS = 18
-            got = sweep_shape("retrace", n, t, cfgs, budget)
+            got = sweep_shape("retrace", n, t, cfgs, budget, dtype)
             specs.NUM_ACTIONS = 4
             for r in got:
                 r["num_actions"] = 18
         else:
-            got = sweep_shape(fn, n, t, cfgs, budget)
+            got = sweep_shape(fn, n, t, cfgs, budget, dtype)
         rows += got
         ok = [r for r in got if r["status"] == "ok" and not r.get("duplicate")]
         if ok:
             b = min(ok, key=lambda r: r["kernel_us"])
             tqdm.write(
                 f"{fn} {n}x{t}: best {b['kernel_us']:.1f} us = {b['fraction_of_copy']:.2f} of copy at BN={b['bn']} "
-                f"BT={b['bt']} W={b['warps']} NK={b['nk']} grouped={b['grouped']} ({len(ok)} variants)"
+                f"BT={b['bt']} W={b['warps']} NK={b['nk']} grouped={b['grouped']} lookback={b['lookback']} "
+                f"({len(ok)} variants)"
             )
     meta = {
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,

@@ -1,6 +1,8 @@
-"""Multi-block scans (rows split into time blocks: an aggregate pass, then a pass that folds the
-aggregates before each block and rescans it), forced on small shapes (32-step chunks, every row
-split) so the interpreter and the GPU exercise them, against the PyTorch path in float64."""
+"""Multi-block scans (rows split into time blocks), forced on small shapes (32-step chunks, every row
+split) so the interpreter and the GPU exercise them, against the PyTorch path in float64: the
+two-pass form (an aggregate pass, then a pass that folds the aggregates before each block and
+rescans it) and the one-pass look-back (one env per program; windows of 4 blocks so that the chain
+of inclusive prefixes across windows is exercised, or one window)."""
 
 import pytest
 import torch
@@ -18,11 +20,15 @@ def tile_form(monkeypatch, request):
 
 @pytest.fixture
 def force_blocks(monkeypatch, request):
-    min_chunks, per_block = request.param
+    min_chunks, per_block, window = request.param
     monkeypatch.setattr(launch, "_MIN_CHUNKS_FOR_SPLIT", min_chunks)
     monkeypatch.setattr(launch, "_MIN_CHUNKS_PER_BLOCK", per_block)
     monkeypatch.setattr(launch, "_TARGET_PROGRAMS", 4096)
     monkeypatch.setattr(launch, "_MAX_BT", 32)
+    monkeypatch.setattr(launch, "_LOOKBACK", window is not None)
+    if window is not None:
+        monkeypatch.setattr(launch, "_BLOCK", 32)  # one env per program
+        monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", window)
     return request.param
 
 
@@ -66,7 +72,12 @@ CALLS = {
 }
 
 
-@pytest.mark.parametrize("force_blocks", [(2, 1), (2, 2)], indirect=True, ids=["cpb1", "cpb2"])
+@pytest.mark.parametrize(
+    "force_blocks",
+    [(2, 1, None), (2, 2, None), (2, 1, 4), (2, 1, 64)],
+    indirect=True,
+    ids=["cpb1", "cpb2", "lookback-w4", "lookback-w64"],
+)
 @pytest.mark.parametrize("shape", [(1, 300), (3, 449), (5, 100), (2, 1031)], ids=lambda s: f"N{s[0]}-T{s[1]}")
 @pytest.mark.parametrize("fn", list(CALLS))
 def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):

@@ -159,18 +159,20 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 #            (A = product of a, B = final state) in [N, NK] buffers; no outputs are written.
 #   PHASE 2: each program folds the aggregates of the blocks before it (in processing order) into
 #            the state entering its block, rescans the block from that state and writes outputs.
-# Inputs are read twice (PHASE 1 and 2) but every program has work: a 1 x 1M row becomes hundreds
-# of programs instead of one walking 1M steps. Blocks are numbered in processing order, so for a
+#   PHASE 3: one launch, one chunk per time block: each program scans its chunk, publishes the
+#            chunk's aggregate, learns the state entering its block from the blocks before it
+#            (lookback), and applies it to the chunk still in registers. Inputs are read once.
+# In PHASE 1/2 inputs are read twice, but every program has work: a 1 x 1M row becomes hundreds of
+# programs instead of one walking 1M steps. Blocks are numbered in processing order, so for a
 # reverse recurrence block 0 holds the last time steps.
 
 
 @triton.jit
-def block_begin(p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT: tl.constexpr, PHASE: tl.constexpr,
+def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, PHASE: tl.constexpr,
                 ACC: tl.constexpr, BN: tl.constexpr, NKP: tl.constexpr):  # fmt: skip
-    """This program's time block: (block id, first chunk, end chunk, (A, B) of everything before
-    the block, A of the block so far = 1). The state entering the block is A * x_init + B (B alone
-    when the recurrence starts from 0)."""
-    i_k = tl.program_id(1)
+    """Time block ``i_k``: (first chunk, end chunk, (A, B) of everything before the block, A of the
+    block so far = 1). The state entering the block is A * x_init + B (B alone when the recurrence
+    starts from 0). PHASE 3 learns (A, B) later, from :func:`lookback`."""
     c_lo = i_k * CPB
     c_hi = tl.minimum(c_lo + CPB, tl.cdiv(T, BT))
     b_Apre = tl.full([BN], 1.0, dtype=ACC)
@@ -185,7 +187,7 @@ def block_begin(p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT: tl.constexpr, PHASE:
         )  # fmt: skip
         b_Apre = _edge(b_A, NKP, False)
         b_Bpre = _edge(b_B, NKP, False)
-    return i_k, c_lo, c_hi, b_Apre, b_Bpre, tl.full([BN], 1.0, dtype=ACC)
+    return c_lo, c_hi, b_Apre, b_Bpre, tl.full([BN], 1.0, dtype=ACC)
 
 
 @triton.jit
@@ -198,11 +200,88 @@ def block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_A, b_carry, PHASE: tl.const
 
 
 @triton.jit
-def env_block(N, T, BN: tl.constexpr):
-    """The envs of this program: ids [BN], their mask, and the offset of each row's first element
-    (int64: N * T may exceed 2^31)."""
-    o_n = tl.program_id(0) * BN + tl.arange(0, BN)
-    return o_n, o_n < N, o_n.to(tl.int64) * T
+def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.constexpr, S: tl.constexpr):
+    """PHASE 3: the (A, B) of everything before time block ``i_k`` of env ``i_n`` (one env per program),
+    given the block's own aggregate (b_Al, b_Bl) [1]. Deterministic: the blocks are cut into windows
+    of S; the state before block k is the inclusive prefix published by the last block of the
+    previous window, then the aggregates of the blocks of k's window before k folded by one
+    tl.associative_scan of fixed shape. Which values are combined, and in which order, depends only
+    on k, never on which blocks happened to finish first (a classic decoupled look-back would make
+    the rounding, and so the outputs, vary from call to call).
+
+    [2, N, NK] buffers: p_agg_* [0] aggregates, [1] inclusive prefixes (written by the last block of
+    each window only); p_flag [N * NK] int32: 1 once the aggregate is stored, 2 once the inclusive
+    prefix is. A block publishes its aggregate before it waits, and waits only for blocks with
+    smaller tickets, which have started; so every wait ends."""
+    o1 = tl.arange(0, 1)
+    row = i_n.to(tl.int64) * NK
+    inc = N.to(tl.int64) * NK
+    me = row + i_k + o1
+    tl.store(p_agg_a + me, b_Al)
+    tl.store(p_agg_b + me, b_Bl)
+    tl.atomic_xchg(p_flag + me, tl.full([1], 1, tl.int32), sem="release")
+    # the aggregates of this window before the block, once all are published
+    base = (i_k // S) * S
+    o_w = base + tl.arange(0, S)
+    m_w = o_w < i_k
+    f = tl.load(p_flag + row + o_w, mask=m_w, other=1, volatile=True)
+    while tl.min(f, 0) < 1:
+        f = tl.load(p_flag + row + o_w, mask=m_w, other=1, volatile=True)
+    m_w = m_w & (f >= 1)  # the loads below depend on the flags, so they cannot run ahead of them
+    b_wA, b_wB = tl.associative_scan(
+        (tl.load(p_agg_a + row + o_w, mask=m_w, other=1, volatile=True),
+         tl.load(p_agg_b + row + o_w, mask=m_w, other=0, volatile=True)),
+        0, linear_combine,
+    )  # fmt: skip
+    b_last = tl.arange(0, S) == S - 1
+    wA = tl.sum(tl.where(b_last, b_wA, 0.0), 0)
+    wB = tl.sum(tl.where(b_last, b_wB, 0.0), 0)
+    # the inclusive prefix up to the end of the previous window
+    b_pA = tl.full([1], 1.0, ACC)
+    b_pB = tl.zeros([1], ACC)
+    if base > 0:
+        prev = row + base - 1 + o1
+        g = tl.load(p_flag + prev, volatile=True)
+        while tl.min(g, 0) < 2:
+            g = tl.load(p_flag + prev, volatile=True)
+        b_pA = tl.load(p_agg_a + inc + prev, mask=g >= 2, other=1, volatile=True).to(ACC)
+        b_pB = tl.load(p_agg_b + inc + prev, mask=g >= 2, other=0, volatile=True).to(ACC)
+    b_Apre = wA * b_pA
+    b_Bpre = wA * b_pB + wB
+    if i_k % S == S - 1:
+        tl.store(p_agg_a + inc + me, b_Al * b_Apre)
+        tl.store(p_agg_b + inc + me, b_Al * b_Bpre + b_Bl)
+        tl.atomic_xchg(p_flag + me, tl.full([1], 2, tl.int32), sem="release")
+    return b_Apre, b_Bpre
+
+
+@triton.jit
+def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
+                    GROUPED: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr):  # fmt: skip
+    """PHASE 3 (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
+    in registers, then :func:`lookback`. Returns (A, B) of everything before the block [1]."""
+    tl.static_assert(o_n.shape[0] == 1, "PHASE 3 takes one env per program")
+    b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, GROUPED)
+    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, GROUPED)
+    i_n = tl.sum(o_n, 0)
+    return lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED), ACC, S)
+
+
+@triton.jit
+def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
+    """The envs of this program: ids [BN], their mask, the offset of each row's first element (int64:
+    N * T may exceed 2^31), and the program's time block. In PHASE 3 the (env block, time block) pair
+    comes from a ticket (an atomic counter after the [N, NK] flags) instead of the program ids: blocks
+    take tickets in the order they start, so every block a program waits for has started."""
+    if PHASE == 3:
+        v = tl.atomic_add(p_flag + N.to(tl.int64) * NK, 1)
+        i_n = v // NK
+        i_k = v % NK
+    else:
+        i_n = tl.program_id(0)
+        i_k = tl.program_id(1)
+    o_n = i_n * BN + tl.arange(0, BN)
+    return o_n, o_n < N, o_n.to(tl.int64) * T, i_k
 
 
 @triton.jit
@@ -257,7 +336,7 @@ def linear_scan_kernel(
     BN: tl.constexpr,  # envs per program
     BT: tl.constexpr,  # time steps per chunk
 ):
-    o_n, m_n, o_row = env_block(N, T, BN)
+    o_n, m_n, o_row, _k = env_block(p_x, N, T, 1, BN, 0)
     if HAS_INIT:
         b_carry = tl.load(p_init + o_n, mask=m_n, other=0).to(ACC)
     else:

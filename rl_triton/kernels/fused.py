@@ -69,17 +69,17 @@ def gae_kernel(
     p_adv,  # [N, T] output advantages
     N, T,  # envs, steps
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,  # hyper-parameters as float32 hi/lo halves
-    p_agg_a, p_agg_b, NK, CPB,  # multi-block: [N, NK] block aggregates (A, B), chunks per time block
+    p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block: aggregates, flags (core.lookback), blocks, chunks/block
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
     NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
     PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
-    o_n, m_n, o_row = env_block(N, T, BN)
+    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
@@ -93,6 +93,11 @@ def gae_kernel(
         b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
         b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
+        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
+            )
+            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
         b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
         b_Ablk *= b_Ac
         if PHASE != 1:
@@ -137,17 +142,17 @@ def vtrace_kernel(
     p_adv,  # [N, T] output policy-gradient advantages
     N, T,
     gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo,
-    p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
+    p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
     PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
-    o_n, m_n, o_row = env_block(N, T, BN)
+    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
-    i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
@@ -156,9 +161,14 @@ def vtrace_kernel(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
         )  # fmt: skip
-        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(
-            tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True, GROUPED
-        )
+        b_a = tl.where(m, b_a, 1.0)
+        b_b = tl.where(m, b_b, 0.0)
+        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
+            )
+            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
         b_Ablk *= b_Ac
         if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
             b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
@@ -237,20 +247,20 @@ def retrace_kernel(
     p_adv,  # [N, T] output advantages
     N, T,
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo,
-    p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
+    p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     A: tl.constexpr,  # number of actions
     AP: tl.constexpr,  # A rounded up to a power of two (the action axis of the tiles)
     HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
-    o_n, m_n, o_row = env_block(N, T, BN)
+    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
-    i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
@@ -259,9 +269,14 @@ def retrace_kernel(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
             gamma, lmbda, c_bar, rho_bar, A, AP, HAS_TRUNC, ACC,
         )  # fmt: skip
-        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(
-            tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), b_carry, BT, True, GROUPED
-        )
+        b_a = tl.where(m, b_a, 1.0)
+        b_b = tl.where(m, b_b, 0.0)
+        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
+            )
+            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
         b_Ablk *= b_Ac
         b_q1 = tl.load(p_q + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
         b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
@@ -280,17 +295,17 @@ def returns_kernel(
     p_g,  # [N, T] output returns
     N, T,
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,
-    p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
+    p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
     PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
-    o_n, m_n, o_row = env_block(N, T, BN)
+    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    i_k, c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
@@ -307,6 +322,11 @@ def returns_kernel(
         b_disc = gamma * (1 - b_term)
         b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
         b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
+        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
+            )
+            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
         b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
         b_Ablk *= b_Ac
         if PHASE != 1:
@@ -323,20 +343,22 @@ def forward_trace_kernel(
     p_out,  # [N, T] output
     N, T,
     scale_hi, scale_lo,  # gamma * lambda (eligibility traces) or 1 (prefix sums)
-    p_agg_a, p_agg_b, NK, CPB,  # multi-block (see gae_kernel)
+    p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     STARTS_AT: tl.constexpr,  # reset at the flagged step instead of the step after it
     HAS_SEED: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
-    o_n, m_n, o_row = env_block(N, T, BN)
+    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     scale = hp_scalar(scale_hi, scale_lo, ACC)
-    i_k, c_lo, c_hi, b_Apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, b_Apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
     )
+    b_seed = tl.zeros([BN], dtype=ACC)
     if HAS_SEED:
-        if PHASE != 1:  # the state entering the block: (A, B) of the blocks before it applied to the seed
-            b_carry += b_Apre * tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
+        b_seed = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
+        if PHASE == 0 or PHASE == 2:  # the state entering the block: (A, B) of the blocks before it applied to the seed
+            b_carry += b_Apre * b_seed
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, False, False)
         if STARTS_AT:
@@ -345,6 +367,11 @@ def forward_trace_kernel(
             b_done = load_flag(p_done, off - 1, m & (o_t >= 1), ACC)
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
+        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, False, False, ACC, NKP
+            )
+            b_carry = core.carry_tile(b_bpre3 + b_apre3 * b_seed, BT, False)
         b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, False)
         b_Ablk *= b_Ac
         if PHASE != 1:

@@ -153,6 +153,10 @@ _TARGET_PROGRAMS = 1024  # H200: 132 SMs, several resident programs each
 _MAX_BLOCKS = 1024  # PHASE 2 folds up to this many aggregates per row in registers
 _MIN_CHUNKS_PER_BLOCK = 1
 _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass (two launches cost more)
+# One-pass multi-block scans (PHASE 3, core.lookback) instead of the two launches, for one env per
+# program; the window of blocks folded by each program (a power of two).
+_LOOKBACK = True
+_LOOKBACK_WINDOW = 1024
 
 
 def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
@@ -165,22 +169,33 @@ def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
 
 
 def _scan_launch(kernel, n: int, t_len: int, device, args: tuple, constexprs: dict, tiles: Tiles) -> None:
-    """Launches a fused kernel single-pass or as a multi-block scan (PHASE 1, then PHASE 2)."""
+    """Launches a fused kernel single-pass, as a one-pass multi-block scan (PHASE 3, look-back) or
+    as a two-pass one (PHASE 1, then PHASE 2)."""
     env_programs = triton.cdiv(n, tiles.bn)
     n_chunks = triton.cdiv(t_len, tiles.bt)
     nk, cpb = _time_blocks(env_programs, n_chunks)
     constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
         dummy = args[0]
-        extra = (dummy, dummy, 1, n_chunks)
+        extra = (dummy, dummy, dummy, 1, n_chunks)
         _launch(kernel, (env_programs, 1), device, (*args, *extra), {**constexprs, "PHASE": 0, "NKP": 1}, tiles.warps)
         return
     acc_dtype = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
+    if _LOOKBACK and tiles.bn == 1:
+        # one chunk per time block; [2, N, NK] aggregates and inclusive prefixes, N * NK flags + a ticket
+        nk = n_chunks
+        agg_a = torch.empty((2, n, nk), dtype=acc_dtype, device=device)
+        agg_b = torch.empty_like(agg_a)
+        flags = torch.zeros(n * nk + 1, dtype=torch.int32, device=device)
+        extra = (agg_a, agg_b, flags, nk, 1)
+        window = min(triton.next_power_of_2(nk), _LOOKBACK_WINDOW)
+        _launch(kernel, (n * nk, 1), device, (*args, *extra), {**constexprs, "PHASE": 3, "NKP": window}, tiles.warps)
+        return
     agg_a = torch.empty((n, nk), dtype=acc_dtype, device=device)
     agg_b = torch.empty_like(agg_a)
     nkp = triton.next_power_of_2(nk)
     for phase in (1, 2):
-        extra = (agg_a, agg_b, nk, cpb)
+        extra = (agg_a, agg_b, agg_a, nk, cpb)
         _launch(kernel, (env_programs, nk), device, (*args, *extra), {**constexprs, "PHASE": phase, "NKP": nkp},
                 tiles.warps)  # fmt: skip
 
