@@ -55,8 +55,8 @@ def main() -> None:
     def raw_launch():
         fused.gae_kernel[(triton.cdiv(n, tiles.bn), 1)](
             r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95), r, r, r, 1, triton.cdiv(t, tiles.bt),
-            HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, PHASE=0,
-            ACC=launch._acc(torch.float32), BN=tiles.bn, BT=tiles.bt, NKP=1, GROUPED=launch._grouped(tiles),
+            HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, PHASE=0, ACC=launch._acc(torch.float32),
+            BN=tiles.bn, BT=tiles.bt, NKP=1, GROUPED=launch._group(tiles, torch.float32),
             num_warps=tiles.warps,
         )  # fmt: skip
 

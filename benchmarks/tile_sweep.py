@@ -72,7 +72,8 @@ def _effective(fn: str, n: int, t: int) -> tuple:
             tiles, launch._GROUPED_MIN_BT_RETURNS if "returns" in fn else launch._GROUPED_MIN_BT
         )
     nk, cpb = launch._time_blocks(triton.cdiv(n, tiles.bn), triton.cdiv(t, tiles.bt))
-    lookback = nk > 1 and launch._LOOKBACK and tiles.bn == 1
+    kernel = launch.fused.retrace_kernel if fn == "compute_retrace" else launch.fused.gae_kernel
+    lookback = nk > 1 and launch._use_lookback(kernel, tiles)
     if lookback:
         nk, cpb = triton.cdiv(t, tiles.bt), 1
     return (*tiles, nk, cpb, grouped, lookback)

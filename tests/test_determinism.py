@@ -31,10 +31,11 @@ def test_bitwise_repeatable(path, monkeypatch, split, fn):
 
 @pytest.mark.parametrize("fn", ["gae", "vtrace", "retrace", "discounted", "prefix"])
 def test_lookback_long_rows_repeatable_on_gpu(monkeypatch, fn):
-    """Rows of ~1M steps take the one-pass look-back by default on a GPU (1024 blocks per row, ~hundreds
-    of programs waiting on each other): ten calls, bitwise equal."""
+    """Rows of ~1M steps in the one-pass look-back (1024 blocks per row, hundreds of programs waiting on
+    each other): ten calls, bitwise equal."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (timing-dependent interleavings)")
+    monkeypatch.setattr(launch, "_LOOKBACK", True)
     monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 64)  # several windows per row: the chain is exercised
     x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(2, 1 << 20, "cuda").items()}
     first = CALLS[fn](x)

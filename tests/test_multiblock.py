@@ -93,3 +93,23 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
     want = want if isinstance(want, tuple) else (want,)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.cpu(), w, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("fn", ["gae", "gae_last", "vtrace", "discounted", "lambda"])
+def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
+    """2-byte floats take 8-step groups where every thread holds a whole group (1024-step chunks);
+    single pass (N4-T1100: two chunks per row) and multi-block (N1-T5000)."""
+    if not path.is_kernel:
+        pytest.skip("tile forms are a kernel-path feature")
+    for shape in [(4, 1100), (1, 5000)]:
+        assert launch._group(launch._tiles(*shape), dtype) == 8
+        x = {k: v.to(dtype) if v.is_floating_point() else v for k, v in _inputs(*shape, path.device).items()}
+        got = CALLS[fn](x)
+        with R.use_backend("torch"):
+            want = CALLS[fn]({k: v.cpu().double() if v.is_floating_point() else v.cpu() for k, v in x.items()})
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == dtype
+            torch.testing.assert_close(g.cpu().double(), w, atol=5e-2, rtol=2e-2)

@@ -44,9 +44,6 @@ def linear_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
 # avoids the reverse scan and wins for some tiles (GAE 16384x512: 0.77 of copy vs 0.63) but loses
 # for others (T = 32 or 128) on an H200; forward recurrences have no reverse scan to avoid and
 # always use plain tiles. See launch.py and NOTES.md.
-GROUP = tl.constexpr(4)
-
-
 @triton.jit
 def _split4(x):
     """[..., 4] -> the planes x[..., 0], ..., x[..., 3]."""
@@ -64,18 +61,58 @@ def _join4(x0, x1, x2, x3):
 
 
 @triton.jit
-def _group_scan(b_a, b_b, b_carry):
-    """The scan of one grouped [G, BN, 4] chunk of a reverse recurrence, seeded with the carry as a
-    [G, BN] tile (see :func:`carry_tile`): the maps (A_j, B_j) from the state entering each group to
-    its 4 states, the state entering each group [G, BN], the new carry tile and the chunk's product
-    of a [BN]."""
-    a0, a1, a2, a3 = _split4(b_a)
-    b0, b1, b2, b3 = _split4(b_b)
-    # steps 3, 2, 1, 0 of the group in processing order
+def _halves(x):
+    """[..., 8] -> ([..., 4] of the even slots, [..., 4] of the odd ones)."""
+    return tl.split(tl.reshape(x, x.shape[:-1] + [4, 2]))
+
+
+@triton.jit
+def _join8(x0, x1, x2, x3, x4, x5, x6, x7):
+    """The planes x0..x7 -> [..., 8]."""
+    z = tl.join(_join4(x0, x2, x4, x6), _join4(x1, x3, x5, x7))  # z[..., i, k] = x[..., 2 i + k]
+    return tl.reshape(z, z.shape[:-2] + [8])
+
+
+@triton.jit
+def _suffix4(a0, a1, a2, a3, b0, b1, b2, b3):
+    """Maps (A_j, B_j) from the state after step 3 to the state at step j of 4 steps in processing
+    order 3, 2, 1, 0 (x_j = a_j x_{j+1} + b_j)."""
     A3, B3 = a3, b3
     A2, B2 = a2 * A3, a2 * B3 + b2
     A1, B1 = a1 * A2, a1 * B2 + b1
     A0, B0 = a0 * A1, a0 * B1 + b0
+    return A0, A1, A2, A3, B0, B1, B2, B3
+
+
+@triton.jit
+def _group_maps(b_a, b_b):
+    """Grouped [G, BN, S] chunk (S = 4 or 8 steps per group): the maps (A_j, B_j), j < S, from the
+    state entering each group (after its later steps) to the state at each of its steps, as planes
+    [G, BN]: (A_0, ..., A_{S-1}, B_0, ..., B_{S-1}); for S = 4 the last four of each are unused."""
+    if b_a.shape[2] == 8:
+        ae, ao = _halves(b_a)
+        be, bo = _halves(b_b)
+        a0, a2, a4, a6 = _split4(ae)
+        a1, a3, a5, a7 = _split4(ao)
+        b0, b2, b4, b6 = _split4(be)
+        b1, b3, b5, b7 = _split4(bo)
+        A4, A5, A6, A7, B4, B5, B6, B7 = _suffix4(a4, a5, a6, a7, b4, b5, b6, b7)
+        L0, L1, L2, L3, M0, M1, M2, M3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3)  # from the state at step 4
+        A0, A1, A2, A3 = L0 * A4, L1 * A4, L2 * A4, L3 * A4
+        B0, B1, B2, B3 = L0 * B4 + M0, L1 * B4 + M1, L2 * B4 + M2, L3 * B4 + M3
+    else:
+        a0, a1, a2, a3 = _split4(b_a)
+        b0, b1, b2, b3 = _split4(b_b)
+        A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3)
+        A4, A5, A6, A7, B4, B5, B6, B7 = A3, A3, A3, A3, B3, B3, B3, B3
+    return A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7
+
+
+@triton.jit
+def _group_enter(A0, B0, b_carry):
+    """From the group aggregates (A0, B0) [G, BN] and the carry tile [G, BN] (see
+    :func:`carry_tile`): the state entering each group, the new carry tile and the chunk's product of
+    a [BN]. One forward scan across the groups (numbered in processing order)."""
     iA, iB, nA, nB = tl.associative_scan(
         (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, linear_combine_next
     )
@@ -84,7 +121,24 @@ def _group_scan(b_a, b_b, b_carry):
     b_last = tl.arange(0, A0.shape[0])[:, None] == A0.shape[0] - 1
     b_Ac = tl.sum(tl.where(b_last, iA, 0.0), 0, keep_dims=True)
     b_Bc = tl.sum(tl.where(b_last, iB, 0.0), 0, keep_dims=True)
-    return A0, B0, A1, B1, A2, B2, A3, B3, b_enter, b_Ac * b_carry + b_Bc, tl.sum(tl.where(b_last, iA, 0.0), 0)
+    return b_enter, b_Ac * b_carry + b_Bc, tl.sum(tl.where(b_last, iA, 0.0), 0)
+
+
+@triton.jit
+def _group_states(b_a, b_b, b_carry):
+    """The states of a grouped chunk, as tiles: (x, x one step earlier in processing order, new
+    carry tile, chunk's product of a)."""
+    A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7 = _group_maps(b_a, b_b)
+    c, b_carry_new, b_Ac = _group_enter(A0, B0, b_carry)
+    x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
+    if b_a.shape[2] == 8:
+        x4, x5, x6, x7 = A4 * c + B4, A5 * c + B5, A6 * c + B6, A7 * c + B7
+        b_x = _join8(x0, x1, x2, x3, x4, x5, x6, x7)
+        b_xn = _join8(x1, x2, x3, x4, x5, x6, x7, c)
+    else:
+        b_x = _join4(x0, x1, x2, x3)
+        b_xn = _join4(x1, x2, x3, c)
+    return b_x, b_xn, b_carry_new, b_Ac
 
 
 @triton.jit
@@ -94,7 +148,7 @@ def carry_tile(b_carry, BT: tl.constexpr, GROUPED: tl.constexpr):
     broadcast of it inside every chunk went through shared memory with a full row per thread (1 KB
     per thread at G = 256, read from the PTX), so grouped tiles carry the broadcast tile instead."""
     if GROUPED:
-        b_carry = tl.broadcast_to(b_carry[None, :], [BT // GROUP, b_carry.shape[0]])
+        b_carry = tl.broadcast_to(b_carry[None, :], [BT // GROUPED, b_carry.shape[0]])
     return b_carry
 
 
@@ -122,8 +176,7 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUP
     in processing order). Returns (x, new carry, the chunk's product of a), the last two being the
     chunk's aggregate for multi-block scans."""
     if GROUPED:
-        A0, B0, A1, B1, A2, B2, A3, B3, c, b_carry_new, b_Ac = _group_scan(b_a, b_b, b_carry)
-        b_x = _join4(A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3)
+        b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
     else:
         b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE)
         b_x = b_A * b_carry[:, None] + b_B
@@ -138,9 +191,7 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
     order at each slot (x_{t+1} of a reverse recurrence; the carry at the chunk's first processed
     slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
     if GROUPED:
-        A0, B0, A1, B1, A2, B2, A3, B3, c, b_carry_new, b_Ac = _group_scan(b_a, b_b, b_carry)
-        x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
-        b_x, b_xn = _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c)
+        b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
     else:
         b_A, b_B, b_nA, b_nB = tl.associative_scan(
             (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
@@ -295,9 +346,9 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         i_c = tl.cdiv(T, BT) - 1 - i_p
     if GROUPED:
         tl.static_assert(REVERSE, "grouped tiles serve reverse recurrences only")
-        G: tl.constexpr = BT // GROUP
+        G: tl.constexpr = BT // GROUPED
         o_g = G - 1 - tl.arange(0, G)  # latest group first
-        o_t = (i_c * BT + o_g * GROUP)[:, None, None] + tl.arange(0, GROUP)[None, None, :]
+        o_t = (i_c * BT + o_g * GROUPED)[:, None, None] + tl.arange(0, GROUPED)[None, None, :]
         o_nb = o_n[None, :, None]
         m_nb = m_n[None, :, None]
         off = o_row[None, :, None] + o_t

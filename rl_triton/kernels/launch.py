@@ -57,10 +57,24 @@ def _tiles(n: int, t: int, block: int | None = None) -> Tiles:
 # have no reverse scan to avoid and use plain tiles; so does Retrace (its own tile, see retrace()).
 _GROUPED_MIN_BT = 16
 _GROUPED_MIN_BT_RETURNS = 4
+_GROUP_16BIT = 8
 
 
 def _grouped(tiles: Tiles, min_bt: int = _GROUPED_MIN_BT) -> bool:
     return tiles.bt >= min_bt
+
+
+def _group(tiles: Tiles, dtype: torch.dtype, min_bt: int = _GROUPED_MIN_BT) -> int:
+    """The kernels' GROUPED constexpr: 0 for plain tiles, else the steps per group: _GROUP_16BIT for
+    2-byte floats (8 steps: 16-byte vector loads, as 4 float32 steps give) when every thread holds
+    at least a whole group (else the group's split and join cross threads, through shared memory;
+    read from the PTX), 4 otherwise."""
+    if not _grouped(tiles, min_bt):
+        return 0
+    per_thread = tiles.bn * tiles.bt // (32 * tiles.warps)
+    if dtype.itemsize == 2 and tiles.bt >= _GROUP_16BIT and per_thread >= _GROUP_16BIT:
+        return _GROUP_16BIT
+    return 4
 
 
 @functools.lru_cache(maxsize=256)
@@ -154,9 +168,16 @@ _MAX_BLOCKS = 1024  # PHASE 2 folds up to this many aggregates per row in regist
 _MIN_CHUNKS_PER_BLOCK = 1
 _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass (two launches cost more)
 # One-pass multi-block scans (PHASE 3, core.lookback) instead of the two launches, for one env per
-# program; the window of blocks folded by each program (a power of two).
-_LOOKBACK = True
-_LOOKBACK_WINDOW = 1024
+# program: None = where it measured faster on the H200 (Retrace: 1x1,048,576 45.9 us vs 54.2 us,
+# 16x1,048,576 0.52 of copy vs 0.46; the other kernels were 10-40% slower than two passes, see
+# NOTES.md), True / False = always / never. _LOOKBACK_WINDOW: blocks folded by each program.
+_LOOKBACK: bool | None = None
+_LOOKBACK_WINDOW = 256
+
+
+def _use_lookback(kernel, tiles: Tiles) -> bool:
+    auto = kernel is fused.retrace_kernel
+    return (auto if _LOOKBACK is None else _LOOKBACK) and tiles.bn == 1
 
 
 def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
@@ -181,7 +202,7 @@ def _scan_launch(kernel, n: int, t_len: int, device, args: tuple, constexprs: di
         _launch(kernel, (env_programs, 1), device, (*args, *extra), {**constexprs, "PHASE": 0, "NKP": 1}, tiles.warps)
         return
     acc_dtype = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
-    if _LOOKBACK and tiles.bn == 1:
+    if _use_lookback(kernel, tiles):
         # one chunk per time block; [2, N, NK] aggregates and inclusive prefixes, N * NK flags + a ticket
         nk = n_chunks
         agg_a = torch.empty((2, n, nk), dtype=acc_dtype, device=device)
@@ -217,7 +238,7 @@ def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor
         _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
         dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
-        GROUPED=_grouped(tiles)),
+        GROUPED=_group(tiles, p.dtype)),
         tiles,
     )  # fmt: skip
     return out
@@ -235,7 +256,7 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
         *hp(gamma), *hp(rho_bar), *hp(c_bar),),
         dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
-        GROUPED=_grouped(tiles)),
+        GROUPED=_group(tiles, p.dtype)),
         tiles,
     )  # fmt: skip
     return vs, adv
@@ -267,7 +288,7 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
         qt, adv, p.num_envs, p.seq_len,
         *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
         dict(A=p.num_actions, AP=triton.next_power_of_2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None,
-        ACC=_acc(p.dtype), GROUPED=grouped),
+        ACC=_acc(p.dtype), GROUPED=_group(tiles, p.dtype) if grouped else 0),
         tiles,
     )  # fmt: skip
     return qt, adv
@@ -284,7 +305,7 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
         _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
         dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
         HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype),
-        GROUPED=_grouped(tiles, _GROUPED_MIN_BT_RETURNS)),
+        GROUPED=_group(tiles, p.dtype, _GROUPED_MIN_BT_RETURNS)),
         tiles,
     )  # fmt: skip
     return out

@@ -56,7 +56,10 @@ def test_tile_sweep_policy_override_restores():
         assert launch.retrace_tiles(4096, 2048, 4)[1] is False
     with tile_sweep.policy(GROUPED="on"):
         assert tile_sweep._effective("compute_gae", 4096, 8)[5] is True
-    assert tile_sweep._effective("compute_gae", 1, 1 << 20)[5:] == (True, True)  # grouped, look-back
+    assert tile_sweep._effective("compute_gae", 1, 1 << 20)[5:] == (True, False)  # grouped, no look-back
+    assert tile_sweep._effective("compute_retrace", 1, 1 << 20)[6] is True  # look-back
+    with tile_sweep.policy(_LOOKBACK=True):
+        assert tile_sweep._effective("compute_gae", 1, 1 << 20)[6] is True
     assert launch._tiles(4096, 2048) == before
     assert launch._grouped(launch._tiles(4096, 2048)) and not launch._grouped(launch._tiles(4096, 8))
     assert len(tile_sweep._grid({"a": (1, 2), "b": (3, 4, 5)})) == 6
