@@ -40,10 +40,15 @@ COMMON = [(64, 512)]
 # Policy knobs (launch.py module constants) and the values tried.
 TILE_GRID = {"_BLOCK": (1024, 2048, 4096), "_WARPS": (4, 8), "_MAX_BT": (1024, 2048)}
 SPLIT_GRID = {"_TARGET_PROGRAMS": (528, 1056, 2112), "_MAX_BT": (1024, 2048), "_WARPS": (4, 8)}
-# "_WARPS" sets the launcher's warps for every row length; "GROUPED" ("on" / "off") overrides the
-# launcher's choice of tile form for the reverse recurrences (launch._grouped).
+# "_WARPS" sets the launcher's warps for every row length; "GROUPED" overrides the launcher's choice
+# of tile form for the reverse recurrences (launch._group; Retrace: launch._grouped): "on"
+# group-major, "env" env-major, "off" plain.
 _WARP_KNOBS = ("_WARPS_LONG", "_WARPS_SHORT")
-_GROUPED_FORMS = {"on": lambda tiles, *_: True, "off": lambda tiles, *_: False}
+_GROUPED_FORMS = {
+    "on": {"_group": lambda tiles, dtype: launch._group_major(tiles, dtype), "_grouped": lambda tiles: True},
+    "env": {"_group": lambda tiles, dtype: -4, "_grouped": lambda tiles: False},
+    "off": {"_group": lambda tiles, dtype: 0, "_grouped": lambda tiles: False},
+}
 
 
 @contextlib.contextmanager
@@ -51,7 +56,7 @@ def policy(**knobs):
     if "_WARPS" in knobs:
         knobs = {k: v for k, v in knobs.items() if k != "_WARPS"} | dict.fromkeys(_WARP_KNOBS, knobs["_WARPS"])
     if "GROUPED" in knobs:
-        knobs = {k: v for k, v in knobs.items() if k != "GROUPED"} | {"_grouped": _GROUPED_FORMS[knobs["GROUPED"]]}
+        knobs = {k: v for k, v in knobs.items() if k != "GROUPED"} | _GROUPED_FORMS[knobs["GROUPED"]]
     saved = {k: getattr(launch, k) for k in knobs}
     for k, v in knobs.items():
         setattr(launch, k, v)
@@ -68,9 +73,8 @@ def _effective(fn: str, n: int, t: int) -> tuple:
         tiles, grouped = launch.retrace_tiles(n, t, specs.NUM_ACTIONS)
     else:
         tiles = launch._tiles(n, t)
-        grouped = fn not in ("compute_eligibility_traces", "compute_episodic_prefix_sum") and launch._grouped(
-            tiles, launch._GROUPED_MIN_BT_RETURNS if "returns" in fn else launch._GROUPED_MIN_BT
-        )
+        forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
+        grouped = 0 if forward else launch._group(tiles, torch.float32)
     nk, cpb = launch._time_blocks(triton.cdiv(n, tiles.bn), triton.cdiv(t, tiles.bt))
     kernel = launch.fused.retrace_kernel if fn == "compute_retrace" else launch.fused.gae_kernel
     lookback = nk > 1 and launch._use_lookback(kernel, tiles)
@@ -154,7 +158,7 @@ def main() -> None:
         tile_grid |= {k: tuple(v) for k, v in json.loads(args.grid).items()}
         split_grid |= {k: tuple(v) for k, v in json.loads(args.grid).items()}
     if args.grouped:
-        tile_grid["GROUPED"] = split_grid["GROUPED"] = ("off", "on")
+        tile_grid["GROUPED"] = split_grid["GROUPED"] = ("off", "env", "on")
     tile_cfgs, split_cfgs = _grid(tile_grid), _grid(split_grid)
     small_tiles = tile_cfgs
     jobs = []

@@ -3,7 +3,7 @@
 A program owns ``BN`` envs and walks their rows in chunks of ``BT`` steps, in processing order
 (for a reverse recurrence the last chunk first). Inside a chunk time ascends in memory order (so
 loads are contiguous and vectorise); the pairs ``(a_t, b_t)`` are combined with
-``tl.associative_scan`` (plain tiles) or by straight-line code inside groups of 4 steps and a
+``tl.associative_scan`` (plain tiles) or by straight-line code inside groups of 4 or 8 steps and a
 forward scan across groups (grouped tiles; see below). The state after the chunk (the carry)
 enters the next one. Masked elements are set to the identity ``(1, 0)`` so that they neither
 change the carry nor depend on what was loaded there.
@@ -28,22 +28,29 @@ def linear_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
     return a_l * a_r, a_r * b_l + b_r, a_l * na_r, na_r * b_l + nb_r
 
 
-# Two tile forms, chosen per launch by the constexpr GROUPED (launch.py decides from measurements):
+# Tile forms, chosen per launch by the constexpr GROUPED (launch.py decides from measurements):
 #
-# * plain: [BN, BT], time ascending along the tile; one tl.associative_scan along it (reverse=True
-#   for reverse recurrences).
-# * grouped (reverse recurrences only): [BN, G, 4], each chunk as G = BT / 4 groups of 4 consecutive
-#   steps (one 16-byte vector load per float32 row segment), the groups numbered in processing
-#   order, the latest group first. Inside a group the 4 steps are combined by straight-line code in
-#   registers; across groups a forward tl.associative_scan combines the group aggregates.
+# * plain (GROUPED = 0): [BN, BT], time ascending along the tile; one tl.associative_scan along it
+#   (reverse=True for reverse recurrences).
+# * group-major grouped (GROUPED = S, 4 or 8; reverse recurrences only): [G, BN, S], each chunk as
+#   G = BT / S groups of S consecutive steps (one 16-byte vector load per row segment: S = 4 for
+#   float32, 8 for 2-byte floats), the groups numbered in processing order, the latest group first.
+#   Inside a group the steps are combined by straight-line code in registers; across groups a
+#   forward tl.associative_scan along axis 0 combines the group aggregates. The carry is kept as a
+#   [G, BN] tile (carry_tile).
+# * env-major grouped (GROUPED = -4; chunks of <= 8 steps): [BN, G, 4], groups along axis 1, so a
+#   thread holds a whole short row and the scan across its groups stays in registers.
 #
-# Why both: Triton lowers tl.associative_scan(reverse=True) with lane-reversing shuffles of every
-# element (320 shfl.bfly + 12 shfl.up per thread for a 2048-step chunk with 4 warps, 12 shfl.up for
-# the forward scan; read from the PTX), which makes a
-# reverse recurrence ~1.5x slower than a forward one (benchmarks/scan_variants.py). The grouped form
-# avoids the reverse scan and wins for some tiles (GAE 16384x512: 0.77 of copy vs 0.63) but loses
-# for others (T = 32 or 128) on an H200; forward recurrences have no reverse scan to avoid and
-# always use plain tiles. See launch.py and NOTES.md.
+# Why: Triton lowers tl.associative_scan(reverse=True) with lane-reversing shuffles of every element
+# (320 shfl.bfly + 12 shfl.up per thread for a 2048-step chunk with 4 warps, 12 shfl.up for the
+# forward scan; read from the PTX), which made a reverse recurrence ~1.5x slower than a forward one
+# (benchmarks/scan_variants.py). Groups along axis 0 matter for long chunks: with [BN, G, 4] tiles
+# Triton put the lanes along the envs (the descending group offsets look no more contiguous than
+# the rows) and broadcast the [BN] carry through shared memory with a whole row per thread; both
+# made the grouped form slower than the plain one until the layout changed (GAE 4096x2048: 0.48 ->
+# 0.77 of copy). Forward recurrences have no reverse scan to avoid and use plain tiles.
+
+
 @triton.jit
 def _split4(x):
     """[..., 4] -> the planes x[..., 0], ..., x[..., 3]."""
@@ -142,12 +149,28 @@ def _group_states(b_a, b_b, b_carry):
 
 
 @triton.jit
+def _env_group_states(b_a, b_b, b_carry):
+    """:func:`_group_states` of an env-major [BN, G, 4] chunk (groups along axis 1, carry [BN])."""
+    a0, a1, a2, a3 = _split4(b_a)
+    b0, b1, b2, b3 = _split4(b_b)
+    A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3)
+    iA, iB, nA, nB = tl.associative_scan(
+        (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
+    )
+    c = nA * b_carry[:, None] + nB
+    b_Ac = _edge(iA, A0.shape[1], False)
+    b_Bc = _edge(iB, A0.shape[1], False)
+    x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
+    return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), b_Ac * b_carry + b_Bc, b_Ac
+
+
+@triton.jit
 def carry_tile(b_carry, BT: tl.constexpr, GROUPED: tl.constexpr):
     """The carry [BN] in the form the chunk scan of the tile form takes and returns: unchanged for
     plain tiles, broadcast to [G, BN] for grouped ones. Triton lays a [BN] vector out on its own; a
     broadcast of it inside every chunk went through shared memory with a full row per thread (1 KB
     per thread at G = 256, read from the PTX), so grouped tiles carry the broadcast tile instead."""
-    if GROUPED:
+    if GROUPED > 0:
         b_carry = tl.broadcast_to(b_carry[None, :], [BT // GROUPED, b_carry.shape[0]])
     return b_carry
 
@@ -155,7 +178,7 @@ def carry_tile(b_carry, BT: tl.constexpr, GROUPED: tl.constexpr):
 @triton.jit
 def carry_row(b_carry, GROUPED: tl.constexpr):
     """Inverse of :func:`carry_tile`: the carry as [BN]."""
-    if GROUPED:
+    if GROUPED > 0:
         b_carry = tl.sum(tl.where(tl.arange(0, b_carry.shape[0])[:, None] == 0, b_carry, 0.0), 0)
     return b_carry
 
@@ -175,8 +198,10 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUP
     """Scan of one chunk (see :func:`chunk`) seeded with the carry [BN] (the state before the chunk
     in processing order). Returns (x, new carry, the chunk's product of a), the last two being the
     chunk's aggregate for multi-block scans."""
-    if GROUPED:
+    if GROUPED > 0:
         b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
+    elif GROUPED < 0:
+        b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry)
     else:
         b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE)
         b_x = b_A * b_carry[:, None] + b_B
@@ -190,8 +215,10 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
     """:func:`scan_chunk` of a recurrence that also returns the state one step earlier in processing
     order at each slot (x_{t+1} of a reverse recurrence; the carry at the chunk's first processed
     slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
-    if GROUPED:
+    if GROUPED > 0:
         b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
+    elif GROUPED < 0:
+        b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry)
     else:
         b_A, b_B, b_nA, b_nB = tl.associative_scan(
             (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
@@ -338,13 +365,13 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
 @triton.jit
 def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr):
     """The ``i_p``-th chunk in processing order (the last chunk of the row first when REVERSE).
-    Returns, shaped to broadcast against the tile ([BN, BT] plain, [BN, G, 4] grouped): the time of
-    each slot ([1, BT] / [1, G, 4]), the mask and element offsets (tile-shaped), and the env ids
-    and their mask ([BN, 1] / [BN, 1, 1])."""
+    Returns, shaped to broadcast against the tile ([BN, BT] plain, [G, BN, S] grouped, [BN, G, 4]
+    env-major grouped): the time of each slot, the mask and element offsets (tile-shaped), and the
+    env ids and their mask."""
     i_c = i_p
     if REVERSE:
         i_c = tl.cdiv(T, BT) - 1 - i_p
-    if GROUPED:
+    if GROUPED > 0:
         tl.static_assert(REVERSE, "grouped tiles serve reverse recurrences only")
         G: tl.constexpr = BT // GROUPED
         o_g = G - 1 - tl.arange(0, G)  # latest group first
@@ -352,6 +379,14 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         o_nb = o_n[None, :, None]
         m_nb = m_n[None, :, None]
         off = o_row[None, :, None] + o_t
+    elif GROUPED < 0:
+        tl.static_assert(REVERSE and GROUPED == -4, "env-major groups: reverse recurrences, 4 steps")
+        G: tl.constexpr = BT // 4
+        o_g = G - 1 - tl.arange(0, G)  # latest group first
+        o_t = (i_c * BT + (o_g * 4)[:, None] + tl.arange(0, 4)[None, :])[None, :, :]
+        o_nb = o_n[:, None, None]
+        m_nb = m_n[:, None, None]
+        off = o_row[:, None, None] + o_t
     else:
         o_t = (i_c * BT + tl.arange(0, BT))[None, :]
         o_nb = o_n[:, None]

@@ -19,8 +19,8 @@ from . import core, fused
 # one chunk (the program loads the whole row at once, so all its loads are in flight together);
 # longer rows are walked in chunks of _MAX_BT. Short rows are packed _BLOCK // BT to a program, so
 # no program is mostly masked. Power-of-two size classes of T (and of N below the block size)
-# only, so a new rollout length recompiles at most once per class. Chosen from a sweep of every
-# kernel on an H200 (benchmarks/tile_sweep.py, results in benchmarks/results/tile_sweep_h200.json;
+# only, so a new rollout length recompiles at most once per class. Chosen from sweeps of every
+# kernel on an H200 (benchmarks/tile_sweep.py, results in benchmarks/results/tile_sweep_*_h200.json;
 # NOTES.md, "Performance"): 1024-element programs won or tied at every shape and kernel swept; 4 warps
 # for rows of >= 512 steps, 8 for shorter ones (fewer registers per thread for the wide tiles of
 # short rows; V-trace and Retrace spill at 2048-element programs with 4 warps).
@@ -48,33 +48,42 @@ def _tiles(n: int, t: int, block: int | None = None) -> Tiles:
     return Tiles(bn, bt, _WARPS_LONG if bt >= 512 else _WARPS_SHORT)
 
 
-# Grouped tiles (kernels/core.py) for the reverse recurrences of GAE, V-trace and the returns: they
-# avoid Triton's reverse=True scan and measured faster than plain tiles on the H200 at every chunk
-# length of 32 steps or more (benchmarks/tile_sweep.py --grouped; GAE 4096x2048: 0.77 of copy vs
-# 0.62, 262144x32: 0.94 vs 0.72; discounted returns 65536x128: 0.95 vs 0.68; NOTES.md). At 8-step
-# chunks (two groups) they lost for GAE and V-trace (GAE 1,048,576x8: 0.39 vs 0.57) but won for the
-# returns (discounted 0.70 vs 0.57), hence a minimum chunk length per kernel. Forward recurrences
-# have no reverse scan to avoid and use plain tiles; so does Retrace (its own tile, see retrace()).
+# Tile forms of the reverse recurrences of GAE, V-trace and the returns (kernels/core.py), chosen
+# from measurements on the H200 (benchmarks/tile_sweep.py --grouped; NOTES.md, "Performance"):
+# * group-major [G, BN, S] grouped tiles for chunks of >= 16 steps: they avoid Triton's reverse=True
+#   scan (GAE 4096x2048: 0.77 of copy vs 0.62 plain; 262144x32: 0.94 vs 0.72; discounted returns
+#   65536x128: 0.95 vs 0.68);
+# * env-major [BN, G, 4] grouped tiles for chunks of <= 8 steps, where a thread holds a whole row
+#   and the scan across groups stays in registers (1,048,576x8, previous session: GAE 0.61, V-trace
+#   0.68, discounted 0.63, TD(lambda) 0.68; group-major measured 0.39-0.52 there, plain 0.52-0.57).
+# Forward recurrences have no reverse scan to avoid and use plain tiles; Retrace chooses in
+# retrace_tiles().
 _GROUPED_MIN_BT = 16
-_GROUPED_MIN_BT_RETURNS = 4
+_ENV_MAJOR_MAX_BT = 8
 _GROUP_16BIT = 8
 
 
-def _grouped(tiles: Tiles, min_bt: int = _GROUPED_MIN_BT) -> bool:
-    return tiles.bt >= min_bt
+def _grouped(tiles: Tiles) -> bool:
+    """Whether group-major grouped tiles serve this chunk length."""
+    return tiles.bt >= _GROUPED_MIN_BT
 
 
-def _group(tiles: Tiles, dtype: torch.dtype, min_bt: int = _GROUPED_MIN_BT) -> int:
-    """The kernels' GROUPED constexpr: 0 for plain tiles, else the steps per group: _GROUP_16BIT for
-    2-byte floats (8 steps: 16-byte vector loads, as 4 float32 steps give) when every thread holds
-    at least a whole group (else the group's split and join cross threads, through shared memory;
-    read from the PTX), 4 otherwise."""
-    if not _grouped(tiles, min_bt):
-        return 0
+def _group_major(tiles: Tiles, dtype: torch.dtype) -> int:
+    """Steps per group of group-major tiles: _GROUP_16BIT for 2-byte floats (8 steps: 16-byte vector
+    loads, as 4 float32 steps give) when every thread holds at least a whole group (else the group's
+    split and join cross threads, through shared memory; read from the PTX), 4 otherwise."""
     per_thread = tiles.bn * tiles.bt // (32 * tiles.warps)
     if dtype.itemsize == 2 and tiles.bt >= _GROUP_16BIT and per_thread >= _GROUP_16BIT:
         return _GROUP_16BIT
     return 4
+
+
+def _group(tiles: Tiles, dtype: torch.dtype) -> int:
+    """The kernels' GROUPED constexpr: steps per group of group-major tiles (> 0), -4 for env-major
+    groups of 4, 0 for plain tiles."""
+    if _grouped(tiles):
+        return _group_major(tiles, dtype)
+    return -4 if tiles.bt <= _ENV_MAJOR_MAX_BT else 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -288,7 +297,7 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
         qt, adv, p.num_envs, p.seq_len,
         *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
         dict(A=p.num_actions, AP=triton.next_power_of_2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None,
-        ACC=_acc(p.dtype), GROUPED=_group(tiles, p.dtype) if grouped else 0),
+        ACC=_acc(p.dtype), GROUPED=_group_major(tiles, p.dtype) if grouped else 0),
         tiles,
     )  # fmt: skip
     return qt, adv
@@ -305,7 +314,7 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
         _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
         dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
         HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype),
-        GROUPED=_group(tiles, p.dtype, _GROUPED_MIN_BT_RETURNS)),
+        GROUPED=_group(tiles, p.dtype)),
         tiles,
     )  # fmt: skip
     return out

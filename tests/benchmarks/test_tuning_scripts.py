@@ -52,16 +52,20 @@ def test_tile_sweep_policy_override_restores():
         assert launch._tiles(4096, 2048) == launch.Tiles(1, 2048, 8)
         assert tile_sweep._effective("compute_gae", 4096, 2048)[:3] == (1, 2048, 8)
     with tile_sweep.policy(GROUPED="off"):
-        assert tile_sweep._effective("compute_gae", 4096, 2048)[5] is False
+        assert tile_sweep._effective("compute_gae", 4096, 2048)[5] == 0
         assert launch.retrace_tiles(4096, 2048, 4)[1] is False
     with tile_sweep.policy(GROUPED="on"):
-        assert tile_sweep._effective("compute_gae", 4096, 8)[5] is True
-    assert tile_sweep._effective("compute_gae", 1, 1 << 20)[5:] == (True, False)  # grouped, no look-back
+        assert tile_sweep._effective("compute_gae", 4096, 8)[5] == 4
+    with tile_sweep.policy(GROUPED="env"):
+        assert tile_sweep._effective("compute_gae", 4096, 2048)[5] == -4
+    assert tile_sweep._effective("compute_gae", 1, 1 << 20)[5:] == (4, False)  # grouped, no look-back
     assert tile_sweep._effective("compute_retrace", 1, 1 << 20)[6] is True  # look-back
     with tile_sweep.policy(_LOOKBACK=True):
         assert tile_sweep._effective("compute_gae", 1, 1 << 20)[6] is True
     assert launch._tiles(4096, 2048) == before
-    assert launch._grouped(launch._tiles(4096, 2048)) and not launch._grouped(launch._tiles(4096, 8))
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert [launch._group(launch._tiles(4096, t), f32) for t in (8, 16, 2048)] == [-4, 4, 4]
+    assert [launch._group(launch._tiles(4096, t), bf16) for t in (8, 128, 2048)] == [-4, 4, 8]
     assert len(tile_sweep._grid({"a": (1, 2), "b": (3, 4, 5)})) == 6
 
 
