@@ -89,6 +89,8 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
     window = force_blocks[2]
     if (tile_form == "env-major" and (force_blocks[1] > 1 or window == 64)) or (tile_form == "plain" and window == 64):
         pytest.skip("combination covered by the others (env-major tiles serve single-chunk rows in production)")
+    if window is not None and shape[0] != 1 and shape[1] != 449:
+        pytest.skip("look-back: N1-T300 and N3-T449 (10 and 15 blocks, several windows of 4) keep CI short")
     x = _inputs(*shape, path.device)
     tiles = launch._tiles(*shape)
     assert launch._time_blocks(-(-shape[0] // tiles.bn), -(-shape[1] // tiles.bt))[0] > 1
