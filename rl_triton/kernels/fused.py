@@ -14,6 +14,8 @@ does not recompile. ``T`` is specialised the way Triton does by default (``T == 
 a row length that is a multiple of 16 makes every row 16-byte aligned, which Triton must know to
 vectorise the loads; without it the kernels ran at half the speed (benchmarks/scan_variants.py).
 So a size class is a power-of-two bucket of ``T`` plus whether ``T`` is a multiple of 16.
+Retrace's number of actions is a constexpr (its tiles have an action axis), so each action count
+compiles once. The 2-byte dtypes compile their own variants (groups of 8 steps, kernels/core.py).
 """
 
 from __future__ import annotations
