@@ -125,10 +125,9 @@ def _group_enter(A0, B0, b_carry):
     )
     b_enter = nA * b_carry + nB
     # the chunk's aggregate, kept broadcast over the groups (one reduction, no [BN] -> tile broadcast)
-    b_last = tl.arange(0, A0.shape[0])[:, None] == A0.shape[0] - 1
-    b_Ac = tl.sum(tl.where(b_last, iA, 0.0), 0, keep_dims=True)
-    b_Bc = tl.sum(tl.where(b_last, iB, 0.0), 0, keep_dims=True)
-    return b_enter, b_Ac * b_carry + b_Bc, tl.sum(tl.where(b_last, iA, 0.0), 0)
+    b_Ac = _edge(iA, 0, False, True)
+    b_Bc = _edge(iB, 0, False, True)
+    return b_enter, b_Ac * b_carry + b_Bc, tl.sum(b_Ac, 0)  # [1, BN] -> [BN]
 
 
 @triton.jit
@@ -158,8 +157,8 @@ def _env_group_states(b_a, b_b, b_carry):
         (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
     )
     c = nA * b_carry[:, None] + nB
-    b_Ac = _edge(iA, A0.shape[1], False)
-    b_Bc = _edge(iB, A0.shape[1], False)
+    b_Ac = _edge(iA, 1, False, False)
+    b_Bc = _edge(iB, 1, False, False)
     x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
     return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), b_Ac * b_carry + b_Bc, b_Ac
 
@@ -179,18 +178,26 @@ def carry_tile(b_carry, BT: tl.constexpr, GROUPED: tl.constexpr):
 def carry_row(b_carry, GROUPED: tl.constexpr):
     """Inverse of :func:`carry_tile`: the carry as [BN]."""
     if GROUPED > 0:
-        b_carry = tl.sum(tl.where(tl.arange(0, b_carry.shape[0])[:, None] == 0, b_carry, 0.0), 0)
+        b_carry = _edge(b_carry, 0, True, False)
     return b_carry
 
 
 @triton.jit
-def _edge(b_y, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """The value at the last processed slot of a [BN, BT] tile (slot 0 when REVERSE), per row."""
-    if REVERSE:
-        b_edge = tl.arange(0, BT)[None, :] == 0
+def _edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
+    """The value at the first (FIRST) or last slot of ``b_y`` along AXIS (rank 1 or 2), per the other
+    axis; the reduced axis kept as size 1 with KEEP. The last processed slot of a plain [BN, BT] tile
+    is the first when the recurrence runs in reverse."""
+    o = tl.arange(0, b_y.shape[AXIS])
+    if len(b_y.shape) == 2:
+        if AXIS == 0:
+            o = o[:, None]
+        else:
+            o = o[None, :]
+    if FIRST:
+        b_at = o == 0
     else:
-        b_edge = tl.arange(0, BT)[None, :] == BT - 1
-    return tl.sum(tl.where(b_edge, b_y, 0.0), 1)
+        b_at = o == b_y.shape[AXIS] - 1
+    return tl.sum(tl.where(b_at, b_y, 0.0), AXIS, keep_dims=KEEP)
 
 
 @triton.jit
@@ -205,8 +212,8 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUP
     else:
         b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE)
         b_x = b_A * b_carry[:, None] + b_B
-        b_carry_new = _edge(b_x, BT, REVERSE)
-        b_Ac = _edge(b_A, BT, REVERSE)
+        b_carry_new = _edge(b_x, 1, REVERSE, False)
+        b_Ac = _edge(b_A, 1, REVERSE, False)
     return b_x, b_carry_new, b_Ac
 
 
@@ -226,8 +233,8 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
         )  # fmt: skip
         b_x = b_A * b_carry[:, None] + b_B
         b_xn = b_nA * b_carry[:, None] + b_nB
-        b_carry_new = _edge(b_x, BT, REVERSE)
-        b_Ac = _edge(b_A, BT, REVERSE)
+        b_carry_new = _edge(b_x, 1, REVERSE, False)
+        b_Ac = _edge(b_A, 1, REVERSE, False)
     return b_x, b_xn, b_carry_new, b_Ac
 
 
@@ -263,8 +270,8 @@ def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, P
             (tl.load(p_agg_a + off, mask=m, other=1).to(ACC), tl.load(p_agg_b + off, mask=m, other=0).to(ACC)),
             1, linear_combine,
         )  # fmt: skip
-        b_Apre = _edge(b_A, NKP, False)
-        b_Bpre = _edge(b_B, NKP, False)
+        b_Apre = _edge(b_A, 1, False, False)
+        b_Bpre = _edge(b_B, 1, False, False)
     return c_lo, c_hi, b_Apre, b_Bpre, tl.full([BN], 1.0, dtype=ACC)
 
 
@@ -311,9 +318,8 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.cons
          tl.load(p_agg_b + row + o_w, mask=m_w, other=0, volatile=True)),
         0, linear_combine,
     )  # fmt: skip
-    b_last = tl.arange(0, S) == S - 1
-    wA = tl.sum(tl.where(b_last, b_wA, 0.0), 0)
-    wB = tl.sum(tl.where(b_last, b_wB, 0.0), 0)
+    wA = _edge(b_wA, 0, False, False)
+    wB = _edge(b_wB, 0, False, False)
     # the inclusive prefix up to the end of the previous window
     b_pA = tl.full([1], 1.0, ACC)
     b_pB = tl.zeros([1], ACC)
