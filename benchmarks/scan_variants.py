@@ -14,7 +14,8 @@ Modes:
     registers), then over the per-thread aggregates (one value per thread), then applied
   10 reverse scan without a reverse scan: the chunk as [G, 4] groups of 4 contiguous steps (one
     vector load), groups numbered from the latest; the suffix inside a group unrolled in registers
-    (tl.split), a forward scan over the group aggregates, the outputs joined back (tl.join)
+    (tl.split), a forward scan over the group aggregates, the outputs joined back (tl.join):
+    kernels/core.py's env-major grouped form
   8 reverse scan as a forward scan over groups of V contiguous steps taken in reverse order (loads
     stay vectorised within a group; the group is flipped in registers)
 
@@ -31,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_triton.kernels.core import linear_combine, linear_combine_next
+from rl_triton.kernels.core import _env_group_states, linear_combine, linear_combine_next
 
 from . import timing
 
@@ -66,43 +67,6 @@ def two_level_reverse(b_a, b_b, BN: tl.constexpr, BT: tl.constexpr, V: tl.conste
 
 
 @triton.jit
-def _split4(x):
-    """[..., 4] -> its four planes x[..., 0..3]."""
-    y0, y1 = tl.split(tl.reshape(x, x.shape[:-1] + [2, 2]))  # y_k[..., i] = x[..., 2 i + k]
-    x0, x2 = tl.split(y0)
-    x1, x3 = tl.split(y1)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _join4(x0, x1, x2, x3):
-    """Inverse of _split4."""
-    y0 = tl.join(x0, x2)
-    y1 = tl.join(x1, x3)
-    z = tl.join(y0, y1)  # z[..., i, k] = y_k[..., i] = x[2 i + k]
-    return tl.reshape(z, z.shape[:-2] + [4])
-
-
-@triton.jit
-def groups4_reverse(a3, b3, carry):
-    """Reverse recurrence over [BN, G, 4] tiles whose groups are ordered latest first (group g holds 4
-    ascending steps): returns x [BN, G, 4], given the state after the tile's latest step (carry [BN])."""
-    a0, a1, a2, a3_ = _split4(a3)
-    b0, b1, b2, b3_ = _split4(b3)
-    # suffix maps inside each group: s_j = e_j o e_{j+1} o ... o e_3 (apply e_3 first)
-    A3, B3 = a3_, b3_
-    A2, B2 = a2 * A3, a2 * B3 + b2
-    A1, B1 = a1 * A2, a1 * B2 + b1
-    A0, B0 = a0 * A1, a0 * B1 + b0
-    # state entering each group (after the later groups): forward exclusive scan over groups
-    _, _, nA, nB = tl.associative_scan(
-        (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
-    )
-    c = nA * carry[:, None] + nB
-    return _join4(A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3)
-
-
-@triton.jit
 def probe_kernel(p_x, p_d, p_y, N, T, MODE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
     o_n = tl.program_id(0) * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -116,7 +80,7 @@ def probe_kernel(p_x, p_d, p_y, N, T, MODE: tl.constexpr, BN: tl.constexpr, BT: 
             b_x = tl.load(p_x + off, mask=m, other=0)
             b_d = (tl.load(p_d + off, mask=m, other=0) != 0).to(tl.float32)
             b_a = tl.where(m, 0.99 * (1 - b_d), 1.0)
-            tl.store(p_y + off, groups4_reverse(b_a, b_x, b_carry), mask=m)
+            tl.store(p_y + off, _env_group_states(b_a, b_x, b_carry)[0], mask=m)
         return
     if MODE == 8:
         V: tl.constexpr = 4 if BT >= 4 else BT
