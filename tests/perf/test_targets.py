@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._helpers import FUNCTIONS
+
 pytestmark = [
     pytest.mark.perf,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="perf: needs a CUDA GPU"),
@@ -43,15 +45,7 @@ KNOWN_MISSES = _known_misses()
 
 CASES = [
     (fn, n, t)
-    for fn in (
-        "compute_gae",
-        "compute_vtrace",
-        "compute_retrace",
-        "compute_discounted_returns",
-        "compute_lambda_returns",
-        "compute_eligibility_traces",
-        "compute_episodic_prefix_sum",
-    )
+    for fn in FUNCTIONS
     for n, t in [(4096, 2048), (16384, 512), (1, 1048576), (16, 1048576), (1048576, 8), (32768, 8), (4096, 128)]
 ]
 
