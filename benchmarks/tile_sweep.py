@@ -76,8 +76,7 @@ def _effective(fn: str, n: int, t: int) -> tuple:
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
         grouped = 0 if forward else launch._group(tiles, torch.float32)
     nk, cpb = launch._time_blocks(triton.cdiv(n, tiles.bn), triton.cdiv(t, tiles.bt))
-    kernel = launch.fused.retrace_kernel if fn == "compute_retrace" else launch.fused.gae_kernel
-    lookback = nk > 1 and launch._use_lookback(kernel, tiles)
+    lookback = nk > 1 and launch._use_lookback(fn == "compute_retrace", tiles)
     if lookback:
         nk, cpb = triton.cdiv(t, tiles.bt), 1
     return (*tiles, nk, cpb, grouped, lookback)

@@ -177,16 +177,18 @@ _MAX_BLOCKS = 1024  # PHASE 2 folds up to this many aggregates per row in regist
 _MIN_CHUNKS_PER_BLOCK = 1
 _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass (two launches cost more)
 # One-pass multi-block scans (PHASE 3, core.lookback) instead of the two launches, for one env per
-# program: None = where it measured faster on the H200 (Retrace: 1x1,048,576 45.9 us vs 54.2 us,
-# 16x1,048,576 0.52 of copy vs 0.46; the other kernels were 10-40% slower than two passes, see
-# NOTES.md), True / False = always / never. _LOOKBACK_WINDOW: blocks folded by each program.
+# program: None = where it measured faster on the H200, i.e. for the launches that pass
+# lookback=True to _scan_launch (Retrace: 1x1,048,576 45.9 us vs 54.2 us, 16x1,048,576 0.52 of copy
+# vs 0.46; the other kernels were 10-40% slower than two passes, see NOTES.md), True / False =
+# always / never. _LOOKBACK_WINDOW: blocks folded by each program.
 _LOOKBACK: bool | None = None
 _LOOKBACK_WINDOW = 256
 
 
-def _use_lookback(kernel, tiles: Tiles) -> bool:
-    auto = kernel is fused.retrace_kernel
-    return (auto if _LOOKBACK is None else _LOOKBACK) and tiles.bn == 1
+def _use_lookback(preferred: bool, tiles: Tiles) -> bool:
+    """Whether a multi-block launch takes the look-back: ``preferred`` (the kernel's measured choice)
+    unless _LOOKBACK overrides it; one env per program either way."""
+    return (preferred if _LOOKBACK is None else _LOOKBACK) and tiles.bn == 1
 
 
 def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
@@ -198,7 +200,9 @@ def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
     return triton.cdiv(n_chunks, cpb), cpb
 
 
-def _scan_launch(kernel, n: int, t_len: int, device, args: tuple, constexprs: dict, tiles: Tiles) -> None:
+def _scan_launch(
+    kernel, n: int, t_len: int, device, args: tuple, constexprs: dict, tiles: Tiles, lookback: bool = False
+) -> None:
     """Launches a fused kernel single-pass, as a one-pass multi-block scan (PHASE 3, look-back) or
     as a two-pass one (PHASE 1, then PHASE 2)."""
     env_programs = triton.cdiv(n, tiles.bn)
@@ -211,7 +215,7 @@ def _scan_launch(kernel, n: int, t_len: int, device, args: tuple, constexprs: di
         _launch(kernel, (env_programs, 1), device, (*args, *extra), {**constexprs, "PHASE": 0, "NKP": 1}, tiles.warps)
         return
     acc_dtype = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
-    if _use_lookback(kernel, tiles):
+    if _use_lookback(lookback, tiles):
         # one chunk per time block; [2, N, NK] aggregates and inclusive prefixes, N * NK flags + a ticket
         nk = n_chunks
         agg_a = torch.empty((2, n, nk), dtype=acc_dtype, device=device)
@@ -298,7 +302,7 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
         *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
         dict(A=p.num_actions, AP=triton.next_power_of_2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None,
         ACC=_acc(p.dtype), GROUPED=_group_major(tiles, p.dtype) if grouped else 0),
-        tiles,
+        tiles, lookback=True,
     )  # fmt: skip
     return qt, adv
 
