@@ -55,6 +55,17 @@ def _title(meta: dict, what: str) -> str:
     return t
 
 
+def _finish_panel(ax, fn: str, ylabel: str) -> None:
+    """Log-log axes over the problem size, one panel per function."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title(fn, fontsize=10)
+    ax.set_xlabel("problem size N×T (elements)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def throughput(results: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -82,13 +93,7 @@ def throughput(results: dict, out: Path) -> Path:
         copy = sorted({(r["num_envs"] * r["seq_len"], r["copy_GBps"]) for r in fn_rows})
         if copy:
             ax.plot([c[0] for c in copy], [c[1] for c in copy], "k--", linewidth=1, alpha=0.6, label="copy (ceiling)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(fn, fontsize=10)
-        ax.set_xlabel("problem size N×T (elements)")
-        ax.set_ylabel("GB/s (minimum bytes / kernel time)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        _finish_panel(ax, fn, "GB/s (minimum bytes / kernel time)")
     fig.suptitle(_title(results["meta"], "throughput"), fontsize=10)
     fig.tight_layout()
     path = out / "throughput.png"
@@ -134,13 +139,7 @@ def speedups(results: dict, out: Path, names: tuple[str, ...], filename: str, wh
                     label=f"vs {TITLES[name]} ({dtype})",
                 )
         ax.axhline(1.0, color="k", linestyle=":", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(fn, fontsize=10)
-        ax.set_xlabel("problem size N×T (elements)")
-        ax.set_ylabel("speedup (full-call time ratio)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        _finish_panel(ax, fn, "speedup (full-call time ratio)")
     fig.suptitle(_title(results["meta"], what), fontsize=10)
     fig.tight_layout()
     path = out / filename
