@@ -45,7 +45,7 @@ SPLIT_GRID = {"_TARGET_PROGRAMS": (528, 1056, 2112), "_MAX_BT": (1024, 2048), "_
 # group-major, "env" env-major, "off" plain.
 _WARP_KNOBS = ("_WARPS_LONG", "_WARPS_SHORT")
 _GROUPED_FORMS = {
-    "on": {"_group": lambda tiles, dtype: launch._group_major(tiles, dtype), "_grouped": lambda tiles: True},
+    "on": {"_group": launch._group_major, "_grouped": lambda tiles: True},
     "env": {"_group": lambda tiles, dtype: -4, "_grouped": lambda tiles: False},
     "off": {"_group": lambda tiles, dtype: 0, "_grouped": lambda tiles: False},
 }
@@ -75,11 +75,8 @@ def _effective(fn: str, n: int, t: int) -> tuple:
         tiles = launch._tiles(n, t)
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
         grouped = 0 if forward else launch._group(tiles, torch.float32)
-    nk, cpb = launch._time_blocks(triton.cdiv(n, tiles.bn), triton.cdiv(t, tiles.bt))
-    lookback = nk > 1 and launch._use_lookback(fn == "compute_retrace", tiles)
-    if lookback:
-        nk, cpb = triton.cdiv(t, tiles.bt), 1
-    return (*tiles, nk, cpb, grouped, lookback)
+    nk, cpb, one_pass = launch._plan(n, t, tiles, lookback=fn == "compute_retrace")
+    return (*tiles, nk, cpb, grouped, nk > 1 and one_pass)
 
 
 def _grid(grid: dict) -> list[dict]:

@@ -200,24 +200,33 @@ def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
     return triton.cdiv(n_chunks, cpb), cpb
 
 
+def _plan(n: int, t_len: int, tiles: Tiles, lookback: bool) -> tuple[int, int, bool]:
+    """(time blocks per row, chunks per block, one pass) of a launch: one block for a single pass;
+    with the look-back one chunk per block (``lookback``: the kernel's preference, see _use_lookback);
+    else the two-pass split of _time_blocks."""
+    n_chunks = triton.cdiv(t_len, tiles.bt)
+    nk, cpb = _time_blocks(triton.cdiv(n, tiles.bn), n_chunks)
+    if nk > 1 and _use_lookback(lookback, tiles):
+        return n_chunks, 1, True
+    return nk, cpb, nk == 1
+
+
 def _scan_launch(
     kernel, n: int, t_len: int, device, args: tuple, constexprs: dict, tiles: Tiles, lookback: bool = False
 ) -> None:
     """Launches a fused kernel single-pass, as a one-pass multi-block scan (PHASE 3, look-back) or
     as a two-pass one (PHASE 1, then PHASE 2)."""
     env_programs = triton.cdiv(n, tiles.bn)
-    n_chunks = triton.cdiv(t_len, tiles.bt)
-    nk, cpb = _time_blocks(env_programs, n_chunks)
+    nk, cpb, one_pass = _plan(n, t_len, tiles, lookback)
     constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
         dummy = args[0]
-        extra = (dummy, dummy, dummy, 1, n_chunks)
+        extra = (dummy, dummy, dummy, 1, cpb)
         _launch(kernel, (env_programs, 1), device, (*args, *extra), {**constexprs, "PHASE": 0, "NKP": 1}, tiles.warps)
         return
     acc_dtype = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
-    if _use_lookback(lookback, tiles):
+    if one_pass:
         # one chunk per time block; [2, N, NK] aggregates and inclusive prefixes, N * NK flags + a ticket
-        nk = n_chunks
         agg_a = torch.empty((2, n, nk), dtype=acc_dtype, device=device)
         agg_b = torch.empty_like(agg_a)
         flags = torch.zeros(n * nk + 1, dtype=torch.int32, device=device)
