@@ -2,15 +2,17 @@
 Triton launch, and the whole call. Wall-clock medians over many calls, GPU work excluded by
 measuring the CPU side only (the kernels are tiny and asynchronous).
 
-Usage: python benchmarks/host_overhead.py
+Usage: python -m benchmarks.host_overhead [--profile]  (--profile: cProfile of 2000 whole calls)
 """
 
 from __future__ import annotations
 
+import cProfile
+import pstats
+import sys
 import time
 
 import torch
-import triton
 
 import rl_triton as R
 from rl_triton import _validation
@@ -53,14 +55,19 @@ def main() -> None:
     tiles = launch._tiles(n, t)
 
     def raw_launch():
-        fused.gae_kernel[(triton.cdiv(n, tiles.bn), 1)](
-            r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95), r, r, r, 1, triton.cdiv(t, tiles.bt),
+        fused.gae_kernel[(launch._cdiv(n, tiles.bn), 1)](
+            r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95), r, r, r, 1, launch._cdiv(t, tiles.bt),
             HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, PHASE=0, ACC=launch._acc(torch.float32),
             BN=tiles.bn, BT=tiles.bt, NKP=1, GROUPED=launch._group(tiles, torch.float32),
             num_warps=tiles.warps,
         )  # fmt: skip
 
+    R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95)  # builds the plan and keeps the compiled kernel
+    plan = p.plans[("gae", False)]
+    plan_args = (r, v, term8, r, r, r, out, n, t, *launch.hp(0.99), *launch.hp(0.95))
+
     rows = {
+        "cached plan: scratch args + C launch": per_call_us(lambda: launch._run(plan, plan_args)),
         "torch.empty_like": per_call_us(lambda: torch.empty_like(r)),
         "validation (prepare)": per_call_us(prep),
         "launch.gae (alloc + launch)": per_call_us(lambda: launch.gae(p, 0.99, 0.95)),
@@ -70,6 +77,32 @@ def main() -> None:
     }
     for k, us in rows.items():
         print(f"{k:40s} {us:7.1f} us")
+    from benchmarks import timing
+
+    dev = torch.device("cuda")
+    for name, call in _all_functions(n, t).items():
+        host = per_call_us(call)
+        events = timing.full_call_us(lambda _, c=call: c(), dev, timing.QUICK)
+        print(f"{name:40s} host {host:7.1f} us, full call (CUDA events) {events:7.1f} us")
+    if "--profile" in sys.argv:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(2000):
+            R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+def _all_functions(n: int, t: int) -> dict:
+    """One zero-argument call per public function at N x T (float32, bool flags)."""
+    from tests._helpers import FUNCTIONS, valid_kwargs
+
+    calls = {}
+    for fn in FUNCTIONS:
+        f, kwargs = getattr(R, fn), valid_kwargs(fn, (n, t), device="cuda")
+        calls[fn] = lambda f=f, k=kwargs: f(**k)
+    return calls
 
 
 if __name__ == "__main__":

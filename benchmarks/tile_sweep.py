@@ -119,8 +119,7 @@ def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Bud
 def compiled_report() -> list[dict]:
     """Registers and spills of every kernel variant compiled in this process."""
     out = []
-    for key, (ck, *_rest) in launch._compiled.items():
-        kernel, _dev, warps, constexprs, _sig = key
+    for (kernel, warps, constexprs), ck in launch._COMPILED.items():
         out.append(
             {
                 "kernel": kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel),

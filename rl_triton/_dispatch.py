@@ -85,9 +85,11 @@ def run(
     if not use_kernels(p.device):
         outs = algo(p.tensors, scalars, p.acc_dtype, _torch_scan)
         return tuple(o.to(p.dtype) for o in outs)
-    names = [n for n in differentiable if p.tensors.get(n) is not None]
-    if torch.is_grad_enabled() and any(p.tensors[n].requires_grad for n in names):
-        return _KernelWithGrad.apply(p, algo, scalars, kernel, names, *[p.tensors[n] for n in names])
+    if torch.is_grad_enabled():
+        tensors = p.tensors
+        names = [n for n in differentiable if tensors.get(n) is not None]
+        if any(tensors[n].requires_grad for n in names):
+            return _KernelWithGrad.apply(p, algo, scalars, kernel, names, *[tensors[n] for n in names])
     return kernel()
 
 

@@ -25,7 +25,7 @@ def _describe(t: torch.Tensor) -> str:
     return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Prepared:
     """A validated call: 2-D contiguous tensors plus what is needed to shape the outputs."""
 
@@ -37,6 +37,9 @@ class Prepared:
     squeeze: bool  # the caller passed 1-D (seq_len,) tensors
     tensors: dict[str, torch.Tensor | None] = field(default_factory=dict)
     num_actions: int = 0
+    # The launch plans of this call signature (kernels/launch.py), shared by every call that hits
+    # the same validation cache entry; None when the signature is not cached.
+    plans: dict | None = None
 
     @property
     def acc_dtype(self) -> torch.dtype:
@@ -101,33 +104,47 @@ def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | 
 
 # Validation cache. A training loop calls with the same shapes, dtypes and devices every step, and
 # every check above depends on those only (plus None-ness), so a call whose signature matches one
-# that passed before skips them: the call costs ~4 us of Python instead of ~15 us (CI CPU). Only
-# plain contiguous tensors are cached (no copies or warnings to replay, no symbolic shapes), and
-# never CPU actions (their range check reads the values).
+# that passed before skips them. Only plain contiguous tensors are cached (no copies or warnings to
+# replay, no symbolic shapes), and never CPU actions (their range check reads the values). The
+# signature also records each tensor's 16-byte alignment, which the kernels are specialised on: the
+# entry keeps the call's launch plans (kernels/launch.py), so a hit skips the launch decisions too.
 _CACHE: dict = {}
 _CACHE_MAX = 512
 
 
+def clear_cache() -> None:
+    _CACHE.clear()
+
+
 def _signature(fn: str, required: tuple, groups: tuple) -> tuple | None:
+    """The cache key of a call, or None when it must not be cached. Each group's tensors appear in a
+    fixed order per function, as None or as (shape, dtype, device, 16-byte aligned)."""
     key = [fn, required]
     for group in groups:
-        for name, t in group.items():
+        for t in group.values():
             if t is None:
-                key.append(name)
+                key.append(None)
             elif type(t) is torch.Tensor and t.is_contiguous():
-                key.append((name, t.shape, t.dtype, t.device))
+                key.append((t.shape, t.dtype, t.device, t.data_ptr() % 16 == 0))
             else:
                 return None
     return tuple(key)
 
 
 def _from_cache(fn: str, meta: tuple, groups: tuple) -> Prepared:
-    num_envs, seq_len, dtype, device, squeeze, num_actions = meta
-    out = Prepared(fn, num_envs, seq_len, dtype, device, squeeze, {}, num_actions)
+    """A cache hit: the tensors are contiguous (the signature checked), so only the 1-D unsqueeze and
+    the bool reinterpretation of :func:`_layout` remain."""
+    num_envs, seq_len, dtype, device, squeeze, num_actions, plans = meta
+    tensors = {}
     for group in groups:
         for name, t in group.items():
-            out.tensors[name] = _layout(name, t, squeeze)
-    return out
+            if t is not None:
+                if squeeze:
+                    t = t.unsqueeze(0)
+                if t.dtype == torch.bool:
+                    t = t.view(torch.uint8)
+            tensors[name] = t
+    return Prepared(fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans)
 
 
 def prepare(
@@ -156,7 +173,8 @@ def prepare(
     if key is not None:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
-        _CACHE[key] = (out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions)
+        out.plans = {}
+        _CACHE[key] = (out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.plans)
     return out
 
 

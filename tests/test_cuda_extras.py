@@ -1,6 +1,7 @@
 """GPU-only checks of the performance issue's correctness conditions: CUDA-graph capture, no
-recompilation within a size class, and inputs above 2^31 elements (int64 indexing; opt-in, slow).
-All skip without CUDA."""
+recompilation within a size class, the launch fast path (cached plans and compiled kernels) with new
+data, new hyper-parameters, misaligned inputs and launch hooks, and inputs above 2^31 elements (int64
+indexing; opt-in, slow). All skip without CUDA."""
 
 import os
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 import rl_triton as R
-from rl_triton.kernels import fused
+from rl_triton.kernels import fused, launch
+from tests._helpers import equal_results
 from tests.test_multiblock import CALLS, _inputs
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="needs a CUDA GPU, compiled kernels")
@@ -34,6 +36,70 @@ def test_cuda_graph_capture(fn, shape):
     captured = captured if isinstance(captured, tuple) else (captured,)
     for a, b in zip(eager, captured, strict=True):
         assert torch.equal(a, b)
+
+
+def _misaligned(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``x`` whose data starts one element past a 16-byte boundary."""
+    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    out = buf[1:].view(x.shape)
+    out.copy_(x)
+    assert out.is_contiguous() and out.data_ptr() % 16 != 0
+    return out
+
+
+@cuda
+@pytest.mark.parametrize("fn", list(CALLS))
+@pytest.mark.parametrize("shape", [(64, 512), (2, 70000)], ids=["N64-T512", "N2-T70000-multiblock"])
+def test_launch_fast_path(fn, shape):
+    """Repeated calls of one signature reuse its plan and compiled kernel: each call must still see its
+    own data (fresh inputs) and its own hyper-parameters (a different gamma), match the PyTorch path,
+    and a misaligned copy of the inputs (its own signature, compiled without the alignment
+    assumption) and calls under an active launch hook (Triton's normal path) must agree."""
+    torch.manual_seed(0)
+
+    def inputs(seed):
+        x = _inputs(*shape, "cuda")
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x["r"] = torch.randn(x["r"].shape, generator=g, device="cuda", dtype=torch.float64)
+        return {k: v.float() if v.is_floating_point() else v for k, v in x.items()}
+
+    def reference(x):
+        with R.use_backend("torch"):
+            return CALLS[fn]({k: v.double().cpu() if v.is_floating_point() else v.cpu() for k, v in x.items()})
+
+    def check(out, x):
+        expected = reference(x)
+        for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in (out, expected)), strict=True):
+            torch.testing.assert_close(a.double().cpu(), b, atol=2e-4, rtol=2e-4)
+
+    first, second = inputs(1), inputs(2)
+    check(CALLS[fn](first), first)
+    check(CALLS[fn](second), second)  # the cached plan, new data
+    again = CALLS[fn](first)
+    equal_results(again, CALLS[fn](first))  # bitwise repeatable through the fast path
+    misaligned = {k: _misaligned(v) if v.dim() == 2 and v.dtype == torch.float32 else v for k, v in first.items()}
+    equal_results(CALLS[fn](misaligned), again, atol=1e-6, rtol=1e-6)
+    seen = []
+    knobs = launch._KNOBS
+    if knobs is not None and hasattr(knobs.runtime.launch_enter_hook, "add"):
+        hook = lambda metadata: seen.append(metadata)  # noqa: E731
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            equal_results(CALLS[fn](first), again)
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+        assert seen, "an active launch hook must see the launch (Triton's normal path)"
+
+
+@cuda
+def test_fast_path_follows_the_hyper_parameters():
+    """gamma and lambda are plain float arguments of the cached launch, never baked into a plan."""
+    x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(64, 512, "cuda").items()}
+    for gamma, lam in [(0.99, 0.95), (0.5, 0.1), (0.0, 1.0), (1.0, 0.0)]:
+        out = R.compute_gae(x["r"], x["v"], x["term"], gamma=gamma, lambda_=lam)
+        with R.use_backend("torch"):
+            expected = R.compute_gae(x["r"].cpu(), x["v"].cpu(), x["term"].cpu(), gamma=gamma, lambda_=lam)
+        torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
 def _cache_size(kernel) -> int:

@@ -60,3 +60,21 @@ def test_non_contiguous_and_cpu_actions_are_never_cached():
     R.compute_retrace(*args, torch.randint(0, 3, (2, 5)), *flags, gamma=0.9, lambda_=0.9)
     with pytest.raises(ValueError, match="index the last dim"):  # the range check reads the values every call
         R.compute_retrace(*args, torch.full((2, 5), 3), *flags, gamma=0.9, lambda_=0.9)
+
+
+def test_the_entry_keeps_launch_plans_dropped_when_a_launch_knob_changes(path):
+    """On the kernel path a cached signature keeps its launch plans (kernels/launch.py); setting any
+    attribute of the launch module (its tuning knobs) drops them with the whole cache."""
+    from rl_triton.kernels import launch
+
+    if not path.is_kernel:
+        pytest.skip("launch plans belong to the kernel path")
+    d = path.device
+    r, v = torch.randn(3, 40, device=d), torch.randn(3, 40, device=d)
+    term = torch.zeros(3, 40, dtype=torch.bool, device=d)
+    first = _gae(r, v, term)
+    (entry,) = _validation._CACHE.values()
+    assert entry[-1] and all(isinstance(plan, launch._Plan) for plan in entry[-1].values())
+    launch._BLOCK = launch._BLOCK  # any setattr, even of the same value
+    assert not _validation._CACHE
+    torch.testing.assert_close(_gae(r, v, term), first, rtol=0, atol=0)

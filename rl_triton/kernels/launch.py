@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import types
 import warnings
 from typing import NamedTuple
 
 import numpy as np
 import torch
-import triton
 import triton.language as tl
 
 from .. import _config
@@ -35,6 +36,16 @@ _RETRACE_MIN_BLOCK = 128
 _RETRACE_GROUPED_MAX_AP = 8  # grouped tiles and 8 warps up to this many (padded) actions, plain and 4 beyond
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(x: int) -> int:
+    """The smallest power of two >= x (1 for x <= 1). Host-side arithmetic stays in plain Python:
+    Triton 3.6's ``triton.cdiv`` / ``next_power_of_2`` are constexpr functions costing ~2 us a call."""
+    return 1 << (x - 1).bit_length() if x > 1 else 1
+
+
 class Tiles(NamedTuple):
     bn: int
     bt: int
@@ -43,8 +54,8 @@ class Tiles(NamedTuple):
 
 def _tiles(n: int, t: int, block: int | None = None) -> Tiles:
     block = _BLOCK if block is None else block
-    bt = min(_MAX_BT, block, max(4, triton.next_power_of_2(max(t, 1))))
-    bn = max(1, min(block // bt, triton.next_power_of_2(max(n, 1))))
+    bt = min(_MAX_BT, block, max(4, _pow2(max(t, 1))))
+    bn = max(1, min(block // bt, _pow2(max(n, 1))))
     return Tiles(bn, bt, _WARPS_LONG if bt >= 512 else _WARPS_SHORT)
 
 
@@ -100,24 +111,30 @@ def _acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+# ----------------------------------------------------------------------------------------------
+# Launch plans and the launch fast path.
+#
+# Everything a call launches apart from its tensors and float hyper-parameters -- tiles, constexprs,
+# grids, the multi-block split, and after the first launch Triton's compiled kernel -- depends only
+# on the call signature that the validation cache keys on (function, shapes, dtypes, device, which
+# optional inputs are given, each input's 16-byte alignment) and on the launcher's options. So it
+# is computed once per signature into a _Plan, kept next to the validation cache entry
+# (``Prepared.plans``), and later calls only build the argument tuple and launch.
+#
+# The launch itself: ``kernel[grid](...)`` spends ~20 us of host time per call in Triton's Python
+# dispatcher (argument binding, specialisation key, cache lookup; benchmarks/host_overhead.py on the
+# H200's host). A plan keeps the compiled kernel of its first launch and calls Triton's generated C
+# launcher directly. That is valid because the plan's signature fixes everything Triton specialises
+# on for these kernels: constexprs, warps, device, tensor dtypes and 16-byte alignment (outputs and
+# scratch are fresh allocations), and the ints (shapes: 1 / multiple of 16); floats are
+# do_not_specialize. Launch hooks, the interpreter, uncached signatures (non-contiguous inputs) or
+# a Triton whose launcher we do not recognise take Triton's normal path.
+
+
 def _on_device(device: torch.device):
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         return torch.cuda.device(device.index)
     return contextlib.nullcontext()
-
-
-# ----------------------------------------------------------------------------------------------
-# Launch fast path. ``kernel[grid](...)`` spends ~20 us of host time per call in Triton's Python
-# dispatcher (argument binding, specialisation key, cache lookup), as long as the kernel itself
-# at 64x512 (benchmarks/host_overhead.py on the H200). After the first launch of a given
-# specialisation we keep Triton's compiled kernel and call its launcher directly. The cache key
-# holds everything Triton specialises on for these kernels: the constexprs, the warps, the
-# device, each tensor's dtype and 16-byte alignment, and for each int whether it is 1 or a
-# multiple of 16 (Triton specialises ints on both unless told not to; the sequence length is,
-# so that rows are provably 16-byte aligned and loads vectorise). Floats are do_not_specialize.
-# Anything unusual (launch hooks, the interpreter, an older Triton) takes the normal path.
-
-_compiled: dict = {}
 
 
 def _fast_path_knobs():
@@ -130,8 +147,20 @@ def _fast_path_knobs():
     return knobs if hasattr(CompiledKernel, "packed_metadata") or hasattr(CompiledKernel, "run") else None
 
 
+def _direct_launch_format() -> bool:
+    """Whether the CUDA launcher's positional arguments are those of Triton 3.6 (grid x 3, stream,
+    function, cooperative, PDL, global and profile scratch, packed metadata, launch metadata, enter
+    and exit hooks, then the kernel's arguments), so its C function can be called directly."""
+    try:
+        from triton.backends.nvidia import driver
+    except ImportError:
+        return False
+    return getattr(driver, "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO"
+
+
 _KNOBS = _fast_path_knobs()
 _FAST = _KNOBS is not None
+_DIRECT = _FAST and _direct_launch_format()
 
 
 def _hooks_active(knobs) -> bool:
@@ -142,30 +171,107 @@ def _hooks_active(knobs) -> bool:
     return False
 
 
-def _launch(kernel, grid: tuple[int, int], device: torch.device, args: tuple, constexprs: dict, warps: int) -> None:
-    """Launches ``kernel`` with ``warps`` warps per program on ``device`` (made current for the launch)."""
+def _direct(ck, kernel, n_args: int, constexprs: dict):
+    """A function ``(grid, stream, args)`` launching compiled kernel ``ck`` without Triton's
+    dispatcher (hooks inactive: the caller checks)."""
+    if hasattr(ck, "result"):  # some Triton versions return a future from kernel[grid](...)
+        ck = ck.result()
+    trailing = tuple(constexprs[name] for name in kernel.arg_names[n_args:])
+    run, function, packed = ck.run, ck.function, ck.packed_metadata
+    raw = getattr(run, "launch", None)
+    if (
+        _DIRECT
+        and raw is not None
+        and getattr(run, "global_scratch_size", 1) == 0
+        and getattr(run, "profile_scratch_size", 1) == 0
+    ):
+        coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+        def go(grid, stream, args):
+            raw(grid[0], grid[1], 1, stream, function, coop, pdl, None, None, packed, None, None, None, *args,
+                *trailing)  # fmt: skip
+
+        return go
+
+    def go(grid, stream, args):
+        run(grid[0], grid[1], 1, stream, function, packed, None, None, None, *args, *trailing)
+
+    return go
+
+
+class _Plan:
+    """The launches of one call signature (see above). ``split`` says which scratch arguments the
+    multi-block forms append to the kernel's arguments: (0, chunks per block) single pass,
+    (3, N, blocks, acc dtype) one-pass look-back, (1, N, blocks, chunks per block, acc dtype) two
+    passes."""
+
+    __slots__ = ("kernel", "device", "launches", "split", "fast", "cached")
+
+    def __init__(self, kernel, device: torch.device, launches: list, split: tuple, cached: bool):
+        self.kernel, self.device, self.launches, self.split = kernel, device, launches, split
+        self.cached = cached  # reused by later calls: worth keeping the compiled kernels
+        self.fast = [None] * len(launches)
+
+
+def _cached_plan(plans: dict | None, options: tuple, build) -> _Plan:
+    """The plan stored under ``options`` in ``plans`` (a validation cache entry's; None when the
+    signature is not cached), built by ``build(cached)`` the first time."""
+    if plans is None:
+        return build(False)
+    plan = plans.get(options)
+    if plan is None:
+        plan = plans[options] = build(True)
+    return plan
+
+
+def _scratch(split: tuple, args: tuple) -> tuple:
+    """Per launch, the scratch arguments appended to ``args`` (multi-block aggregates and flags)."""
+    kind = split[0]
+    if kind == 0:
+        dummy = args[0]
+        return ((dummy, dummy, dummy, 1, split[1]),)
+    if kind == 3:
+        # one chunk per time block; [2, N, NK] aggregates and inclusive prefixes, N * NK flags + a ticket
+        _, n, nk, acc = split
+        device = args[0].device
+        agg_a = torch.empty((2, n, nk), dtype=acc, device=device)
+        flags = torch.zeros(n * nk + 1, dtype=torch.int32, device=device)
+        return ((agg_a, torch.empty_like(agg_a), flags, nk, 1),)
+    _, n, nk, cpb, acc = split
+    agg_a = torch.empty((n, nk), dtype=acc, device=args[0].device)
+    extra = (agg_a, torch.empty_like(agg_a), agg_a, nk, cpb)
+    return (extra, extra)
+
+
+def _run(plan: _Plan, args: tuple) -> None:
+    """Launches every launch of ``plan`` with the kernel arguments ``args`` (scratch appended)."""
+    for i, extra in enumerate(_scratch(plan.split, args)):
+        _launch(plan, i, (*args, *extra))
+
+
+def _launch(plan: _Plan, i: int, args: tuple) -> None:
+    grid, constexprs, warps = plan.launches[i]
+    device = plan.device
+    go = plan.fast[i]
+    if go is not None and not _hooks_active(_KNOBS):
+        index = device.index
+        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
+        if index is None or index == torch.cuda.current_device():
+            go(grid, stream, args)
+        else:
+            with torch.cuda.device(index):
+                go(grid, stream, args)
+        return
     with _on_device(device):
-        if _config.INTERPRET or device.type != "cuda" or not _FAST:
-            kernel[grid](*args, **constexprs, num_warps=warps)
-            return
-        sig = tuple(
-            (a.dtype, a.data_ptr() % 16 == 0)
-            if isinstance(a, torch.Tensor)
-            else ((a == 1, a % 16 == 0) if type(a) is int else type(a))
-            for a in args
-        )
-        key = (kernel, device.index, warps, tuple(constexprs.items()), sig)
-        entry = _compiled.get(key)
-        if entry is None or _hooks_active(_KNOBS):
-            ck = kernel[grid](*args, **constexprs, num_warps=warps)
-            if hasattr(ck, "result"):
-                ck = ck.result()
-            trailing = tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
-            _compiled[key] = (ck, trailing, _KNOBS.runtime.launch_enter_hook, _KNOBS.runtime.launch_exit_hook)
-            return
-        ck, trailing, enter, exit_ = entry
-        stream = torch._C._cuda_getCurrentRawStream(device.index)
-        ck.run(grid[0], grid[1], 1, stream, ck.function, ck.packed_metadata, None, enter, exit_, *args, *trailing)
+        ck = plan.kernel[grid](*args, **constexprs, num_warps=warps)
+    if plan.cached and _FAST and not _config.INTERPRET and device.type == "cuda" and not _hooks_active(_KNOBS):
+        plan.fast[i] = _direct(ck, plan.kernel, len(args), constexprs)
+        _COMPILED[(plan.kernel, warps, tuple(constexprs.items()))] = ck
+
+
+# Every compiled kernel the fast path keeps, by (kernel, warps, constexprs), for
+# benchmarks/tile_sweep.py's register and spill report.
+_COMPILED: dict = {}
 
 
 # Multi-block scans (kernels/core.py): when the env blocks alone give too few programs for the
@@ -195,52 +301,41 @@ def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
     """(number of time blocks, chunks per block) for one launch."""
     if env_programs * 2 >= _TARGET_PROGRAMS or n_chunks < _MIN_CHUNKS_FOR_SPLIT:
         return 1, n_chunks
-    nk = min(triton.cdiv(_TARGET_PROGRAMS, env_programs), n_chunks // _MIN_CHUNKS_PER_BLOCK, _MAX_BLOCKS)
-    cpb = triton.cdiv(n_chunks, max(1, nk))
-    return triton.cdiv(n_chunks, cpb), cpb
+    nk = min(_cdiv(_TARGET_PROGRAMS, env_programs), n_chunks // _MIN_CHUNKS_PER_BLOCK, _MAX_BLOCKS)
+    cpb = _cdiv(n_chunks, max(1, nk))
+    return _cdiv(n_chunks, cpb), cpb
 
 
 def _plan(n: int, t_len: int, tiles: Tiles, lookback: bool) -> tuple[int, int, bool]:
     """(time blocks per row, chunks per block, one pass) of a launch: one block for a single pass;
     with the look-back one chunk per block (``lookback``: the kernel's preference, see _use_lookback);
     else the two-pass split of _time_blocks."""
-    n_chunks = triton.cdiv(t_len, tiles.bt)
-    nk, cpb = _time_blocks(triton.cdiv(n, tiles.bn), n_chunks)
+    n_chunks = _cdiv(t_len, tiles.bt)
+    nk, cpb = _time_blocks(_cdiv(n, tiles.bn), n_chunks)
     if nk > 1 and _use_lookback(lookback, tiles):
         return n_chunks, 1, True
     return nk, cpb, nk == 1
 
 
-def _scan_launch(
-    kernel, n: int, t_len: int, device, args: tuple, constexprs: dict, tiles: Tiles, lookback: bool = False
-) -> None:
-    """Launches a fused kernel single-pass, as a one-pass multi-block scan (PHASE 3, look-back) or
-    as a two-pass one (PHASE 1, then PHASE 2)."""
-    env_programs = triton.cdiv(n, tiles.bn)
+def _scan_plan(
+    kernel, n: int, t_len: int, device, constexprs: dict, tiles: Tiles, lookback: bool = False, cached: bool = False
+) -> _Plan:
+    """The launches of a fused kernel: single pass, one-pass multi-block scan (PHASE 3, look-back) or
+    two-pass multi-block scan (PHASE 1, then PHASE 2)."""
+    env_programs = _cdiv(n, tiles.bn)
     nk, cpb, one_pass = _plan(n, t_len, tiles, lookback)
     constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
-        dummy = args[0]
-        extra = (dummy, dummy, dummy, 1, cpb)
-        _launch(kernel, (env_programs, 1), device, (*args, *extra), {**constexprs, "PHASE": 0, "NKP": 1}, tiles.warps)
-        return
-    acc_dtype = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
+        return _Plan(kernel, device, [((env_programs, 1), {**constexprs, "PHASE": 0, "NKP": 1}, tiles.warps)],
+                     (0, cpb), cached)  # fmt: skip
+    acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     if one_pass:
-        # one chunk per time block; [2, N, NK] aggregates and inclusive prefixes, N * NK flags + a ticket
-        agg_a = torch.empty((2, n, nk), dtype=acc_dtype, device=device)
-        agg_b = torch.empty_like(agg_a)
-        flags = torch.zeros(n * nk + 1, dtype=torch.int32, device=device)
-        extra = (agg_a, agg_b, flags, nk, 1)
-        window = min(triton.next_power_of_2(nk), _LOOKBACK_WINDOW)
-        _launch(kernel, (n * nk, 1), device, (*args, *extra), {**constexprs, "PHASE": 3, "NKP": window}, tiles.warps)
-        return
-    agg_a = torch.empty((n, nk), dtype=acc_dtype, device=device)
-    agg_b = torch.empty_like(agg_a)
-    nkp = triton.next_power_of_2(nk)
-    for phase in (1, 2):
-        extra = (agg_a, agg_b, agg_a, nk, cpb)
-        _launch(kernel, (env_programs, nk), device, (*args, *extra), {**constexprs, "PHASE": phase, "NKP": nkp},
-                tiles.warps)  # fmt: skip
+        window = min(_pow2(nk), _LOOKBACK_WINDOW)
+        launch = ((n * nk, 1), {**constexprs, "PHASE": 3, "NKP": window}, tiles.warps)
+        return _Plan(kernel, device, [launch], (3, n, nk, acc), cached)
+    nkp = _pow2(nk)
+    launches = [((env_programs, nk), {**constexprs, "PHASE": phase, "NKP": nkp}, tiles.warps) for phase in (1, 2)]
+    return _Plan(kernel, device, launches, (1, n, nk, cpb, acc), cached)
 
 
 def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
@@ -251,35 +346,45 @@ def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
 
 def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor:
     t = p.tensors
-    tiles = _tiles(p.num_envs, p.seq_len)
-    out = p.new_output()
     r = t["rewards"]
-    _scan_launch(
-        fused.gae_kernel, p.num_envs, p.seq_len, p.device,
+    out = p.new_output()
+
+    def build(cached: bool) -> _Plan:
+        tiles = _tiles(p.num_envs, p.seq_len)
+        constexprs = dict(
+            HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
+            GROUPED=_group(tiles, p.dtype),
+        )  # fmt: skip
+        return _scan_plan(fused.gae_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+
+    _run(
+        _cached_plan(p.plans, ("gae", next_all), build),
         (r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
-        _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
-        dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
-        GROUPED=_group(tiles, p.dtype)),
-        tiles,
+        _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_)),
     )  # fmt: skip
     return out
 
 
 def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
-    tiles = _tiles(p.num_envs, p.seq_len)
-    vs, adv = p.new_output(), p.new_output()
     r = t["rewards"]
-    _scan_launch(
-        fused.vtrace_kernel, p.num_envs, p.seq_len, p.device,
+    vs, adv = p.new_output(), p.new_output()
+
+    def build(cached: bool) -> _Plan:
+        tiles = _tiles(p.num_envs, p.seq_len)
+        constexprs = dict(
+            HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
+            GROUPED=_group(tiles, p.dtype),
+        )  # fmt: skip
+        return _scan_plan(fused.vtrace_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+
+    _run(
+        _cached_plan(p.plans, ("vtrace", next_all), build),
         (t["log_pi_target"], t["log_pi_behavior"], t["values"], r, t["terminateds"], _dummy(t, "truncateds", r),
         _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
-        *hp(gamma), *hp(rho_bar), *hp(c_bar),),
-        dict(HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
-        GROUPED=_group(tiles, p.dtype)),
-        tiles,
+        *hp(gamma), *hp(rho_bar), *hp(c_bar)),
     )  # fmt: skip
     return vs, adv
 
@@ -291,7 +396,7 @@ def retrace_tiles(n: int, t: int, num_actions: int) -> tuple[Tiles, bool]:
     on the H200 (benchmarks/tile_sweep.py, NOTES.md): with 4 actions, grouped tiles and 8 warps
     (4096x2048: 0.85 of copy; 4 warps 0.66, plain 0.48); with 18 actions (AP = 32, 128-step programs),
     plain tiles and 4 warps (0.53; grouped 0.41, 8 warps 0.14-0.28)."""
-    ap = triton.next_power_of_2(num_actions)
+    ap = _pow2(num_actions)
     tiles = _tiles(n, t, block=max(_RETRACE_MIN_BLOCK, _BLOCK * _RETRACE_ACTIONS // ap))
     few_actions = ap <= _RETRACE_GROUPED_MAX_AP
     tiles = tiles._replace(warps=_WARPS_SHORT if few_actions else _WARPS_LONG)
@@ -300,50 +405,68 @@ def retrace_tiles(n: int, t: int, num_actions: int) -> tuple[Tiles, bool]:
 
 def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
-    qt, adv = p.new_output(), p.new_output()
     probs = t["action_probs_target"]
-    tiles, grouped = retrace_tiles(p.num_envs, p.seq_len, p.num_actions)
-    _scan_launch(
-        fused.retrace_kernel, p.num_envs, p.seq_len, p.device,
+    qt, adv = p.new_output(), p.new_output()
+
+    def build(cached: bool) -> _Plan:
+        tiles, grouped = retrace_tiles(p.num_envs, p.seq_len, p.num_actions)
+        constexprs = dict(
+            A=p.num_actions, AP=_pow2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype),
+            GROUPED=_group_major(tiles, p.dtype) if grouped else 0,
+        )  # fmt: skip
+        return _scan_plan(
+            fused.retrace_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, lookback=True, cached=cached
+        )
+
+    _run(
+        _cached_plan(p.plans, ("retrace",), build),
         (probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
         t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
-        qt, adv, p.num_envs, p.seq_len,
-        *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),),
-        dict(A=p.num_actions, AP=triton.next_power_of_2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None,
-        ACC=_acc(p.dtype), GROUPED=_group_major(tiles, p.dtype) if grouped else 0),
-        tiles, lookback=True,
+        qt, adv, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar)),
     )  # fmt: skip
     return qt, adv
 
 
 def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
     t = p.tensors
-    tiles = _tiles(p.num_envs, p.seq_len)
-    out = p.new_output()
     r = t["rewards"]
-    _scan_launch(
-        fused.returns_kernel, p.num_envs, p.seq_len, p.device,
+    out = p.new_output()
+
+    def build(cached: bool) -> _Plan:
+        tiles = _tiles(p.num_envs, p.seq_len)
+        constexprs = dict(
+            HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
+            HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), GROUPED=_group(tiles, p.dtype),
+        )  # fmt: skip
+        return _scan_plan(fused.returns_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+
+    _run(
+        _cached_plan(p.plans, ("returns",), build),
         (r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
-        _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),),
-        dict(HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
-        HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype),
-        GROUPED=_group(tiles, p.dtype)),
-        tiles,
+        _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_)),
     )  # fmt: skip
     return out
 
 
 def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
     t = p.tensors
-    out = p.new_output()
     x = t["inputs"]
-    _scan_launch(
-        fused.forward_trace_kernel, p.num_envs, p.seq_len, p.device,
-        (x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale),),
-        dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype)),
-        _tiles(p.num_envs, p.seq_len),
-    )  # fmt: skip
+    out = p.new_output()
+
+    def build(cached: bool) -> _Plan:
+        constexprs = dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype))
+        tiles = _tiles(p.num_envs, p.seq_len)
+        return _scan_plan(fused.forward_trace_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+
+    _run(
+        _cached_plan(p.plans, ("forward_trace", starts_at), build),
+        (x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale)),
+    )
     return out
+
+
+# Plans of the raw scan (autograd's backward), by its own signature; bounded like the validation cache.
+_SCAN_PLANS: dict = {}
 
 
 def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool) -> torch.Tensor:
@@ -352,11 +475,37 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, rev
     x = torch.empty_like(b)
     if b.numel() == 0:
         return x
-    tiles = _tiles(n, t_len)
-    _launch(
-        core.linear_scan_kernel, (triton.cdiv(n, tiles.bn), 1), b.device,
-        (a, b, b if init is None else init, x, n, t_len),
-        dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=tiles.bn, BT=tiles.bt),
-        tiles.warps,
-    )  # fmt: skip
+    inputs = (a, b) if init is None else (a, b, init)
+    key = (b.shape, b.dtype, b.device, reverse, *((u.dtype, u.is_contiguous(), u.data_ptr() % 16 == 0) for u in inputs))
+
+    def build(cached: bool) -> _Plan:
+        tiles = _tiles(n, t_len)
+        constexprs = dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=tiles.bn, BT=tiles.bt)
+        launches = [((_cdiv(n, tiles.bn), 1), constexprs, tiles.warps)]
+        return _Plan(core.linear_scan_kernel, b.device, launches, (), cached)
+
+    if len(_SCAN_PLANS) >= 512:
+        _SCAN_PLANS.clear()
+    plan = _cached_plan(_SCAN_PLANS, key, build)
+    _launch(plan, 0, (a, b, b if init is None else init, x, n, t_len))
     return x
+
+
+class _PolicyModule(types.ModuleType):
+    """This module's class: setting any of its attributes (the tuning knobs above, which the tests
+    and benchmarks/tile_sweep.py change) drops every cached plan, which were computed under the old
+    values."""
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        _drop_plans()
+
+
+def _drop_plans() -> None:
+    from .. import _validation
+
+    _validation.clear_cache()
+    _SCAN_PLANS.clear()
+
+
+sys.modules[__name__].__class__ = _PolicyModule
