@@ -254,13 +254,13 @@ def _launch(plan: _Plan, i: int, args: tuple) -> None:
     device = plan.device
     go = plan.fast[i]
     if go is not None and not _hooks_active(_KNOBS):
-        index = device.index
-        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
-        if index is None or index == torch.cuda.current_device():
-            go(grid, stream, args)
+        current = torch._C._cuda_getDevice()
+        index = current if device.index is None else device.index
+        if index == current:
+            go(grid, torch._C._cuda_getCurrentRawStream(index), args)
         else:
             with torch.cuda.device(index):
-                go(grid, stream, args)
+                go(grid, torch._C._cuda_getCurrentRawStream(index), args)
         return
     with _on_device(device):
         ck = plan.kernel[grid](*args, **constexprs, num_warps=warps)

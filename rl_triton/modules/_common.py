@@ -23,9 +23,14 @@ import torch
 
 
 def to_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """``x`` with dim ``dim`` (non-negative) moved last and the others flattened: ``(N, T)``."""
-    if dim != x.ndim - 1:
+    """``x`` with dim ``dim`` (non-negative) moved last and the others flattened: ``(N, T)``. The
+    common ``[*B, T, 1]`` layout only drops its trailing singleton (one view op instead of two)."""
+    if dim == x.ndim - 2 and x.shape[-1] == 1:
+        x = x.squeeze(-1)
+    elif dim != x.ndim - 1:
         x = x.movedim(dim, -1)
+    if x.ndim == 2:
+        return x
     return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
@@ -39,7 +44,7 @@ def to_rows_actions(x: torch.Tensor, dim: int) -> torch.Tensor:
 def from_rows(y: torch.Tensor, shape: Sequence[int], dim: int) -> torch.Tensor:
     """Inverse of :func:`to_rows` for an original tensor of shape ``shape``."""
     shape = tuple(shape)
-    if dim == len(shape) - 1:
+    if dim == len(shape) - 1 or (dim == len(shape) - 2 and shape[-1] == 1):
         return y.reshape(shape)
     moved = shape[:dim] + shape[dim + 1 :] + (shape[dim],)
     return y.reshape(moved).movedim(-1, dim)
