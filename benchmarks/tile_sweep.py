@@ -92,7 +92,7 @@ def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Bud
     rows, seen = [], {}
     for knobs in configs:
         with policy(**knobs):
-            eff = (*_effective(spec.name, n, t), knobs.get("_GROUP_16BIT"))
+            eff = (*_effective(spec.name, n, t), knobs.get("_GROUP_16BIT"), knobs.get("_ONE_CHUNK"))
             if eff in seen:  # same tiles and split as a configuration already timed
                 rows.append({**seen[eff], "knobs": knobs, "duplicate": True})
                 continue

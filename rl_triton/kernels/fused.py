@@ -359,7 +359,7 @@ def forward_trace_kernel(
     b_seed = tl.zeros([BN], dtype=ACC)
     if HAS_SEED:
         b_seed = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
-        if PHASE == 0 or PHASE == 2:  # the state entering the block: (A, B) of the blocks before it applied to the seed
+        if PHASE == 0 or PHASE == 2 or PHASE == 4:  # the state entering the block: (A, B) before it, on the seed
             b_carry += b_Apre * b_seed
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, False, False)

@@ -289,6 +289,8 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass (two launch
 # always / never. _LOOKBACK_WINDOW: blocks folded by each program.
 _LOOKBACK: bool | None = None
 _LOOKBACK_WINDOW = 256
+# Rows of one chunk run PHASE 4 (the loop-free PHASE 0 of kernels/core.py); False: PHASE 0 (sweeps).
+_ONE_CHUNK = True
 
 
 def _use_lookback(preferred: bool, tiles: Tiles) -> bool:
@@ -326,7 +328,8 @@ def _scan_plan(
     nk, cpb, one_pass = _plan(n, t_len, tiles, lookback)
     constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
-        return _Plan(kernel, device, [((env_programs, 1), {**constexprs, "PHASE": 0, "NKP": 1}, tiles.warps)],
+        phase = 4 if cpb == 1 and _ONE_CHUNK else 0  # PHASE 4: rows of one chunk (kernels/core.py)
+        return _Plan(kernel, device, [((env_programs, 1), {**constexprs, "PHASE": phase, "NKP": 1}, tiles.warps)],
                      (0, cpb), cached)  # fmt: skip
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     if one_pass:
