@@ -72,7 +72,7 @@ def _effective(fn: str, n: int, t: int) -> tuple:
     if fn == "compute_retrace":
         tiles, grouped = launch.retrace_tiles(n, t, specs.NUM_ACTIONS)
     else:
-        tiles = launch._tiles(n, t)
+        tiles = launch.scan_tiles(n, t, wide=fn in ("compute_vtrace", "compute_lambda_returns"))
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
         grouped = 0 if forward else launch._group(tiles, torch.float32)
     nk, cpb, one_pass = launch._plan(n, t, tiles, lookback=fn == "compute_retrace")
