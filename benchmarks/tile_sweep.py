@@ -67,12 +67,21 @@ def policy(**knobs):
             setattr(launch, k, v)
 
 
+# The launcher's scan_tiles kind of each function as the benchmark specs call it (TD(lambda) with
+# next values, discounted returns without).
+_SCAN_KIND = {
+    "compute_gae": "gae", "compute_vtrace": "vtrace", "compute_discounted_returns": "returns",
+    "compute_lambda_returns": "returns_nv", "compute_eligibility_traces": "forward",
+    "compute_episodic_prefix_sum": "forward",
+}  # fmt: skip
+
+
 def _effective(fn: str, n: int, t: int) -> tuple:
     """What the launcher would run for ``fn`` at (n, t) under the current policy."""
     if fn == "compute_retrace":
         tiles, grouped = launch.retrace_tiles(n, t, specs.NUM_ACTIONS)
     else:
-        tiles = launch.scan_tiles(n, t, wide=fn in ("compute_vtrace", "compute_lambda_returns"))
+        tiles = launch.scan_tiles(_SCAN_KIND[fn], n, t)
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
         grouped = 0 if forward else launch._group(tiles, torch.float32)
     nk, cpb, one_pass = launch._plan(n, t, tiles, lookback=fn == "compute_retrace")

@@ -49,12 +49,15 @@ def _misaligned(x: torch.Tensor) -> torch.Tensor:
 
 @cuda
 @pytest.mark.parametrize("fn", list(CALLS))
-@pytest.mark.parametrize("shape", [(64, 512), (2, 70000)], ids=["N64-T512", "N2-T70000-multiblock"])
+@pytest.mark.parametrize(
+    "shape", [(64, 512), (16, 1500), (8, 3000), (2, 70000)], ids=["N64-T512", "N16-T1500", "N8-T3000", "N2-T70000"]
+)
 def test_launch_fast_path(fn, shape):
-    """Repeated calls of one signature reuse its plan and compiled kernel: each call must still see its
-    own data (fresh inputs) and its own hyper-parameters (a different gamma), match the PyTorch path,
-    and a misaligned copy of the inputs (its own signature, compiled without the alignment
-    assumption) and calls under an active launch hook (Triton's normal path) must agree."""
+    """Repeated calls of one signature reuse its plan and compiled kernel (rows of one chunk of 512,
+    2048 and 4096 steps, PHASE 4, and multi-block rows): each call must still see its own data (fresh
+    inputs), match the PyTorch path, and a misaligned copy of the inputs (its own signature, compiled
+    without the alignment assumption) and calls under an active launch hook (Triton's normal path)
+    must agree."""
     torch.manual_seed(0)
 
     def inputs(seed):

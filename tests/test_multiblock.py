@@ -28,6 +28,7 @@ def force_blocks(monkeypatch, request):
     monkeypatch.setattr(launch, "_MIN_CHUNKS_PER_BLOCK", per_block)
     monkeypatch.setattr(launch, "_TARGET_PROGRAMS", 4096)
     monkeypatch.setattr(launch, "_MAX_BT", 32)
+    monkeypatch.setattr(launch, "_ONE_CHUNK_FACTOR", 1)  # every row walked in 32-step chunks
     monkeypatch.setattr(launch, "_LOOKBACK", window is not None)
     if window is not None:
         monkeypatch.setattr(launch, "_BLOCK", 32)  # one env per program
@@ -92,7 +93,7 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
     if window is not None and shape[0] != 1 and shape[1] != 449:
         pytest.skip("look-back: N1-T300 and N3-T449 (10 and 15 blocks, several windows of 4) keep CI short")
     x = _inputs(*shape, path.device)
-    tiles = launch.scan_tiles(*shape)
+    tiles = launch._tiles(*shape)
     assert launch._time_blocks(-(-shape[0] // tiles.bn), -(-shape[1] // tiles.bt))[0] > 1
     got = CALLS[fn](x)
     with R.use_backend("torch"):
@@ -107,12 +108,13 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
 @pytest.mark.parametrize("fn", ["gae", "gae_last", "vtrace", "discounted", "lambda"])
 def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
     """2-byte floats take 8-step groups where every thread holds a whole group; single pass over a
-    row of one 2048-step chunk (N4-T1100, PHASE 4) or of three 1024-step chunks (N4-T2100), and
-    multi-block (N1-T5000)."""
+    row of one chunk (N4-T1100: 2048 steps, PHASE 4; N4-T2100: 4096 steps, or three 1024-step chunks
+    for GAE), and multi-block (N1-T5000)."""
     if not path.is_kernel:
         pytest.skip("tile forms are a kernel-path feature")
+    kind = {"gae": "gae", "gae_last": "gae", "vtrace": "vtrace", "discounted": "returns", "lambda": "returns_nv"}[fn]
     for shape in [(4, 1100), (4, 2100), (1, 5000)]:
-        assert launch._group(launch.scan_tiles(*shape, wide=fn in ("vtrace", "lambda")), dtype) == 8
+        assert launch._group(launch.scan_tiles(kind, *shape), dtype) == 8
         x = {k: v.to(dtype) if v.is_floating_point() else v for k, v in _inputs(*shape, path.device).items()}
         got = CALLS[fn](x)
         with R.use_backend("torch"):

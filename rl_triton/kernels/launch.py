@@ -29,16 +29,24 @@ _MAX_BT = 1024
 _BLOCK = 1024
 _WARPS_LONG = 4  # BT >= 512
 _WARPS_SHORT = 8
-# Rows of up to _ONE_CHUNK_FACTOR * _MAX_BT steps are one chunk for the fused scan kernels
-# (scan_tiles): such a row runs PHASE 4, loop-free, which measured much faster than walking it in
-# chunks (H200, 4096x2048: GAE 0.87 of copy vs 0.78, V-trace 0.97 vs 0.69, discounted 0.95 vs 0.73,
-# TD(lambda) 0.94 vs 0.83, traces 0.95 vs 0.84; benchmarks/results/tile_sweep_bigchunk_h200.json).
-# Such programs get warps for _ELEMS_PER_THREAD elements per thread, or _ELEMS_PER_THREAD_WIDE for
-# the kernels with more live inputs (V-trace, TD(lambda) with next values: 8 warps at 2048 steps,
-# 0.97 and 0.94, against 0.80 and 0.88 with 4; the others tied or lost with 8).
-_ONE_CHUNK_FACTOR = 2
-_ELEMS_PER_THREAD = 16
-_ELEMS_PER_THREAD_WIDE = 8
+# Rows of up to a few _MAX_BT steps are one chunk for the fused scan kernels (scan_tiles): such a
+# row runs PHASE 4, loop-free, which measured much faster than walking it in 1024-step chunks (H200,
+# 4096x2048: GAE 0.87 of copy vs 0.78, V-trace 0.97 vs 0.69, discounted 0.95 vs 0.73, TD(lambda) 0.94
+# vs 0.83, traces 0.95 vs 0.84, benchmarks/results/tile_sweep_bigchunk_h200.json; 8192x4096 in one
+# 4096-step chunk: V-trace 0.93 vs 0.72, discounted 0.91 vs 0.76, traces 0.98 vs 0.89, GAE 0.84 vs
+# 0.86, tile_sweep_4096_h200.json). Per kernel: (longest one-chunk row in units of _MAX_BT, elements
+# per thread, most warps); _ONE_CHUNK_FACTOR caps the first (1: chunks of _MAX_BT only, as the
+# forced multi-block tests want). V-trace and TD(lambda) with next values hold more live inputs and
+# want 8 elements per thread (4096x2048: 0.97 and 0.94 with 8 warps, 0.80 and 0.88 with 4); TD(lambda)
+# lost with 16 warps at 4096 steps (0.69), hence its cap of 8.
+_SCAN_POLICY = {
+    "gae": (2, 16, 8),
+    "vtrace": (4, 8, 16),
+    "returns": (4, 16, 8),
+    "returns_nv": (4, 8, 8),
+    "forward": (4, 16, 8),
+}
+_ONE_CHUNK_FACTOR = 4
 # Retrace: steps per program scaled by _RETRACE_ACTIONS / (actions rounded up to a power of two),
 # at least _RETRACE_MIN_BLOCK.
 _RETRACE_ACTIONS = 4
@@ -69,16 +77,15 @@ def _tiles(n: int, t: int, block: int | None = None) -> Tiles:
     return Tiles(bn, bt, _WARPS_LONG if bt >= 512 else _WARPS_SHORT)
 
 
-def scan_tiles(n: int, t: int, wide: bool = False) -> Tiles:
-    """Tiles of the fused scan kernels of GAE, V-trace, the returns and the forward traces: those of
-    :func:`_tiles`, except that a row of up to _ONE_CHUNK_FACTOR * _MAX_BT steps is one chunk, with
-    warps for _ELEMS_PER_THREAD(_WIDE) elements per thread (``wide``: V-trace, TD(lambda) with next
-    values)."""
+def scan_tiles(kind: str, n: int, t: int) -> Tiles:
+    """Tiles of the fused scan kernel ``kind`` (a key of _SCAN_POLICY): those of :func:`_tiles`,
+    except that a row of up to the kernel's one-chunk limit is one chunk, with warps for its
+    elements per thread (at least _WARPS_LONG, at most its cap)."""
+    factor, per_thread, max_warps = _SCAN_POLICY[kind]
     bt = max(4, _pow2(max(t, 1)))
-    if bt <= _MAX_BT or bt > _ONE_CHUNK_FACTOR * _MAX_BT:
+    if bt <= _MAX_BT or bt > min(factor, _ONE_CHUNK_FACTOR) * _MAX_BT:
         return _tiles(n, t)
-    per_thread = _ELEMS_PER_THREAD_WIDE if wide else _ELEMS_PER_THREAD
-    return Tiles(1, bt, max(_WARPS_LONG, bt // (32 * per_thread)))
+    return Tiles(1, bt, min(max_warps, max(_WARPS_LONG, bt // (32 * per_thread))))
 
 
 # Tile forms of the reverse recurrences of GAE, V-trace and the returns (kernels/core.py), chosen
@@ -375,7 +382,7 @@ def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor
     out = p.new_output()
 
     def build(cached: bool) -> _Plan:
-        tiles = scan_tiles(p.num_envs, p.seq_len)
+        tiles = scan_tiles("gae", p.num_envs, p.seq_len)
         constexprs = dict(
             HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
             HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
@@ -397,7 +404,7 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
     vs, adv = p.new_output(), p.new_output()
 
     def build(cached: bool) -> _Plan:
-        tiles = scan_tiles(p.num_envs, p.seq_len, wide=True)
+        tiles = scan_tiles("vtrace", p.num_envs, p.seq_len)
         constexprs = dict(
             HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
             HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
@@ -458,7 +465,7 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
     out = p.new_output()
 
     def build(cached: bool) -> _Plan:
-        tiles = scan_tiles(p.num_envs, p.seq_len, wide=t.get("next_values") is not None)
+        tiles = scan_tiles("returns" if t.get("next_values") is None else "returns_nv", p.num_envs, p.seq_len)
         constexprs = dict(
             HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
             HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), GROUPED=_group(tiles, p.dtype),
@@ -480,7 +487,7 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
 
     def build(cached: bool) -> _Plan:
         constexprs = dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype))
-        tiles = scan_tiles(p.num_envs, p.seq_len)
+        tiles = scan_tiles("forward", p.num_envs, p.seq_len)
         return _scan_plan(fused.forward_trace_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
 
     _run(
