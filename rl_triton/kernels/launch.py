@@ -377,19 +377,26 @@ def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
     return fallback if x is None else x
 
 
+def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool) -> _Plan:
+    """The plan of GAE's or V-trace's kernel: both take the same optional inputs (truncateds,
+    bootstrap values, last value), the next-values form and the tile forms."""
+    t = p.tensors
+    tiles = scan_tiles(kind, p.num_envs, p.seq_len)
+    constexprs = dict(
+        HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
+        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
+        GROUPED=_group(tiles, p.dtype),
+    )  # fmt: skip
+    return _scan_plan(kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+
+
 def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor:
     t = p.tensors
     r = t["rewards"]
     out = p.new_output()
 
     def build(cached: bool) -> _Plan:
-        tiles = scan_tiles("gae", p.num_envs, p.seq_len)
-        constexprs = dict(
-            HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
-            GROUPED=_group(tiles, p.dtype),
-        )  # fmt: skip
-        return _scan_plan(fused.gae_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+        return _bootstrapped_plan(fused.gae_kernel, "gae", p, next_all, cached)
 
     _run(
         _cached_plan(p.plans, ("gae", next_all), build),
@@ -405,13 +412,7 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
     vs, adv = p.new_output(), p.new_output()
 
     def build(cached: bool) -> _Plan:
-        tiles = scan_tiles("vtrace", p.num_envs, p.seq_len)
-        constexprs = dict(
-            HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-            HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
-            GROUPED=_group(tiles, p.dtype),
-        )  # fmt: skip
-        return _scan_plan(fused.vtrace_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+        return _bootstrapped_plan(fused.vtrace_kernel, "vtrace", p, next_all, cached)
 
     _run(
         _cached_plan(p.plans, ("vtrace", next_all), build),
