@@ -124,3 +124,28 @@ def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
         for g, w in zip(got, want, strict=True):
             assert g.dtype == dtype
             torch.testing.assert_close(g.cpu().double(), w, atol=5e-2, rtol=2e-2)
+
+
+def _phases(kind, kernel, n, t):
+    tiles = launch.scan_tiles(kind, n, t)
+    plan = launch._scan_plan(kernel, n, t, torch.device("cpu"), {"ACC": None}, tiles)
+    return tiles.bt, [c["PHASE"] for _grid, c, _warps in plan.launches]
+
+
+def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
+    """Rows of one chunk run PHASE 4 (loop-free), up to the kernel's one-chunk limit (2048 steps for
+    GAE, 4096 for the others); longer rows walk 1024-step chunks (PHASE 0), and long rows of few envs
+    split into time blocks; launch._ONE_CHUNK = False keeps PHASE 0 for every single pass."""
+    from rl_triton.kernels import fused
+
+    gae, vtrace = fused.gae_kernel, fused.vtrace_kernel
+    assert _phases("gae", gae, 4096, 512) == (512, [4])
+    assert _phases("gae", gae, 4096, 2048) == (2048, [4])
+    assert _phases("gae", gae, 4096, 4096) == (1024, [0])
+    assert _phases("vtrace", vtrace, 4096, 4096) == (4096, [4])
+    assert _phases("vtrace", vtrace, 4096, 4097) == (1024, [0])
+    assert _phases("gae", gae, 1, 1 << 20) == (1024, [1, 2])
+    assert launch.scan_tiles("vtrace", 4096, 4096).warps == 16
+    assert launch.scan_tiles("returns_nv", 4096, 4096).warps == 8
+    monkeypatch.setattr(launch, "_ONE_CHUNK", False)
+    assert _phases("gae", gae, 4096, 512) == (512, [0])
