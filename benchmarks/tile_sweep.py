@@ -101,7 +101,12 @@ def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Bud
     rows, seen = [], {}
     for knobs in configs:
         with policy(**knobs):
-            eff = (*_effective(spec.name, n, t), knobs.get("_GROUP_16BIT"), knobs.get("_ONE_CHUNK"))
+            eff = (
+                *_effective(spec.name, n, t),
+                knobs.get("_GROUP_16BIT"),
+                knobs.get("_ONE_CHUNK"),
+                knobs.get("_ONE_CHUNK_BLOCKS"),
+            )
             if eff in seen:  # same tiles and split as a configuration already timed
                 rows.append({**seen[eff], "knobs": knobs, "duplicate": True})
                 continue

@@ -54,7 +54,7 @@ def _misaligned(x: torch.Tensor) -> torch.Tensor:
 )
 def test_launch_fast_path(fn, shape):
     """Repeated calls of one signature reuse its plan and compiled kernel (rows of one chunk of 512,
-    2048 and 4096 steps, PHASE 4, and multi-block rows): each call must still see its own data (fresh
+    2048 and 4096 steps, loop-free, and multi-block rows): each call must still see its own data (fresh
     inputs), match the PyTorch path, and a misaligned copy of the inputs (its own signature, compiled
     without the alignment assumption) and calls under an active launch hook (Triton's normal path)
     must agree."""

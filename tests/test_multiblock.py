@@ -23,7 +23,8 @@ def tile_form(monkeypatch, request):
 
 @pytest.fixture
 def force_blocks(monkeypatch, request):
-    min_chunks, per_block, window = request.param
+    min_chunks, per_block, window, *one = request.param
+    monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", bool(one))  # loop-free blocks of one chunk
     monkeypatch.setattr(launch, "_MIN_CHUNKS_FOR_SPLIT", min_chunks)
     monkeypatch.setattr(launch, "_MIN_CHUNKS_PER_BLOCK", per_block)
     monkeypatch.setattr(launch, "_TARGET_PROGRAMS", 4096)
@@ -78,9 +79,9 @@ CALLS = {
 
 @pytest.mark.parametrize(
     "force_blocks",
-    [(2, 1, None), (2, 2, None), (2, 1, 4), (2, 1, 64)],
+    [(2, 1, None), (2, 1, None, "one"), (2, 2, None), (2, 1, 4), (2, 1, 4, "one"), (2, 1, 64)],
     indirect=True,
-    ids=["cpb1", "cpb2", "lookback-w4", "lookback-w64"],
+    ids=["cpb1", "cpb1-one", "cpb2", "lookback-w4", "lookback-w4-one", "lookback-w64"],
 )
 @pytest.mark.parametrize("shape", [(1, 300), (3, 449), (5, 100), (2, 1031)], ids=lambda s: f"N{s[0]}-T{s[1]}")
 @pytest.mark.parametrize("fn", list(CALLS))
@@ -90,6 +91,8 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
     window = force_blocks[2]
     if (tile_form == "env-major" and (force_blocks[1] > 1 or window == 64)) or (tile_form == "plain" and window == 64):
         pytest.skip("combination covered by the others (env-major tiles serve single-chunk rows in production)")
+    if len(force_blocks) > 3 and tile_form == "env-major":
+        pytest.skip("loop-free blocks: plain and group-major tiles keep CI short")
     if window is not None and shape[0] != 1 and shape[1] != 449:
         pytest.skip("look-back: N1-T300 and N3-T449 (10 and 15 blocks, several windows of 4) keep CI short")
     x = _inputs(*shape, path.device)
@@ -108,7 +111,7 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
 @pytest.mark.parametrize("fn", ["gae", "gae_last", "vtrace", "discounted", "lambda"])
 def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
     """2-byte floats take 8-step groups where every thread holds a whole group; single pass over a
-    row of one chunk (N4-T1100: 2048 steps, PHASE 4; N4-T2100: 4096 steps, or three 1024-step chunks
+    row of one chunk (N4-T1100: 2048 steps, loop-free; N4-T2100: 4096 steps, or three 1024-step chunks
     for GAE), and multi-block (N1-T5000)."""
     if not path.is_kernel:
         pytest.skip("tile forms are a kernel-path feature")
@@ -129,23 +132,29 @@ def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
 def _phases(kind, kernel, n, t):
     tiles = launch.scan_tiles(kind, n, t)
     plan = launch._scan_plan(kernel, n, t, torch.device("cpu"), {"ACC": None}, tiles)
-    return tiles.bt, [c["PHASE"] for _grid, c, _warps in plan.launches]
+    return tiles.bt, [(c["PHASE"], c["ONE"]) for _grid, c, _warps in plan.launches]
 
 
 def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
-    """Rows of one chunk run PHASE 4 (loop-free), up to the kernel's one-chunk limit (2048 steps for
-    GAE, 4096 for the others); longer rows walk 1024-step chunks (PHASE 0), and long rows of few envs
-    split into time blocks; launch._ONE_CHUNK = False keeps PHASE 0 for every single pass."""
+    """Rows of one chunk run loop-free (ONE), up to the kernel's one-chunk limit (2048 steps for GAE,
+    4096 for the others); longer rows walk 1024-step chunks, and long rows of few envs split into
+    time blocks (loop-free blocks only with launch._ONE_CHUNK_BLOCKS); launch._ONE_CHUNK = False
+    keeps the loop for every single pass."""
     from rl_triton.kernels import fused
 
     gae, vtrace = fused.gae_kernel, fused.vtrace_kernel
-    assert _phases("gae", gae, 4096, 512) == (512, [4])
-    assert _phases("gae", gae, 4096, 2048) == (2048, [4])
-    assert _phases("gae", gae, 4096, 4096) == (1024, [0])
-    assert _phases("vtrace", vtrace, 4096, 4096) == (4096, [4])
-    assert _phases("vtrace", vtrace, 4096, 4097) == (1024, [0])
-    assert _phases("gae", gae, 1, 1 << 20) == (1024, [1, 2])
+    assert _phases("gae", gae, 4096, 512) == (512, [(0, True)])
+    assert _phases("gae", gae, 4096, 2048) == (2048, [(0, True)])
+    assert _phases("gae", gae, 4096, 4096) == (1024, [(0, False)])
+    assert _phases("vtrace", vtrace, 4096, 4096) == (4096, [(0, True)])
+    assert _phases("vtrace", vtrace, 4096, 4097) == (1024, [(0, False)])
+    assert _phases("gae", gae, 1, 1 << 20) == (1024, [(1, launch._ONE_CHUNK_BLOCKS), (2, launch._ONE_CHUNK_BLOCKS)])
+    assert _phases("gae", gae, 16, 1 << 20) == (1024, [(1, False), (2, False)])  # 16 chunks per block
     assert launch.scan_tiles("vtrace", 4096, 4096).warps == 16
     assert launch.scan_tiles("returns_nv", 4096, 4096).warps == 8
     monkeypatch.setattr(launch, "_ONE_CHUNK", False)
-    assert _phases("gae", gae, 4096, 512) == (512, [0])
+    assert _phases("gae", gae, 4096, 512) == (512, [(0, False)])
+    monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", True)
+    assert _phases("gae", gae, 1, 1 << 20) == (1024, [(1, True), (2, True)])
+    monkeypatch.setattr(launch, "_LOOKBACK", True)
+    assert _phases("gae", gae, 1, 1 << 20) == (1024, [(3, True)])

@@ -247,10 +247,11 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 #   PHASE 3: one launch, one chunk per time block: each program scans its chunk, publishes the
 #            chunk's aggregate, learns the state entering its block from the blocks before it
 #            (lookback), and applies it to the chunk still in registers. Inputs are read once.
-#   PHASE 4: PHASE 0 for rows of one chunk (T <= BT, the common case): the chunk loop has constant
-#            bounds, so the compiler drops it, and with it the new carry and the chunk's aggregate
-#            that nothing reads (cross-warp reductions: GAE's sm_90 PTX at 512-step chunks goes from
-#            18 to 11 bar.sync, the forward traces kernel's from 5 to 1).
+# ONE (constexpr, any phase): the program's block is one chunk (PHASE 0: rows of one chunk, T <= BT,
+# the common case; PHASE 3 always; PHASE 1/2 when CPB = 1). The chunk loop then has constant bounds,
+# so the compiler drops it, and with it the new carry and the chunk's aggregate that nothing reads
+# (cross-warp reductions: GAE's sm_90 PTX at 512-step chunks goes from 18 to 11 bar.sync, the
+# forward traces kernel's from 5 to 1).
 # In PHASE 1/2 inputs are read twice, but every program has work: a 1 x 1M row becomes hundreds of
 # programs instead of one walking 1M steps. Blocks are numbered in processing order, so for a
 # reverse recurrence block 0 holds the last time steps.
@@ -258,16 +259,23 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 
 @triton.jit
 def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, PHASE: tl.constexpr,
-                ACC: tl.constexpr, BN: tl.constexpr, NKP: tl.constexpr):  # fmt: skip
-    """Time block ``i_k``: (first chunk, end chunk, (A, B) of everything before the block, A of the
-    block so far = 1). The state entering the block is A * x_init + B (B alone when the recurrence
-    starts from 0). PHASE 3 learns (A, B) later, from :func:`lookback`."""
-    if PHASE == 4:  # constant bounds: a loop of one iteration, which the compiler removes
+                ACC: tl.constexpr, BN: tl.constexpr, NKP: tl.constexpr, ONE: tl.constexpr):  # fmt: skip
+    """Time block ``i_k``: (chunk loop bounds, offset added to the loop index to get the chunk,
+    (A, B) of everything before the block, A of the block so far = 1). The state entering the block
+    is A * x_init + B (B alone when the recurrence starts from 0). PHASE 3 learns (A, B) later, from
+    :func:`lookback`. ONE (the block is one chunk): constant loop bounds, so the compiler drops the
+    loop of one iteration and the carry and aggregate reductions nothing reads after it."""
+    if ONE:
         c_lo = 0
         c_hi = 1
+        if PHASE == 0:
+            c_off = 0
+        else:
+            c_off = i_k  # one chunk per block
     else:
         c_lo = i_k * CPB
         c_hi = tl.minimum(c_lo + CPB, tl.cdiv(T, BT))
+        c_off = 0
     b_Apre = tl.full([BN], 1.0, dtype=ACC)
     b_Bpre = tl.zeros([BN], dtype=ACC)
     if PHASE == 2:
@@ -280,7 +288,7 @@ def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, P
         )  # fmt: skip
         b_Apre = _edge(b_A, 1, False, False)
         b_Bpre = _edge(b_B, 1, False, False)
-    return c_lo, c_hi, b_Apre, b_Bpre, tl.full([BN], 1.0, dtype=ACC)
+    return c_lo, c_hi, c_off, b_Apre, b_Bpre, tl.full([BN], 1.0, dtype=ACC)
 
 
 @triton.jit

@@ -74,18 +74,19 @@ def gae_kernel(
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block: aggregates, flags (core.lookback), blocks, chunks/block
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
     NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
-    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
+    PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
         )
@@ -146,19 +147,20 @@ def vtrace_kernel(
     gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo,
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
-    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
+    PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
-    c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
@@ -252,7 +254,8 @@ def retrace_kernel(
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     A: tl.constexpr,  # number of actions
     AP: tl.constexpr,  # A rounded up to a power of two (the action axis of the tiles)
-    HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr,
+    BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
@@ -261,12 +264,12 @@ def retrace_kernel(
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
-    c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
             gamma, lmbda, c_bar, rho_bar, A, AP, HAS_TRUNC, ACC,
@@ -299,19 +302,20 @@ def returns_kernel(
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
-    PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
+    PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    c_lo, c_hi, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_boot, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, False, ACC
         )
@@ -347,22 +351,23 @@ def forward_trace_kernel(
     scale_hi, scale_lo,  # gamma * lambda (eligibility traces) or 1 (prefix sums)
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     STARTS_AT: tl.constexpr,  # reset at the flagged step instead of the step after it
-    HAS_SEED: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    HAS_SEED: tl.constexpr, PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr,
+    BT: tl.constexpr,
     NKP: tl.constexpr,
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     scale = hp_scalar(scale_hi, scale_lo, ACC)
-    c_lo, c_hi, b_Apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP
+    c_lo, c_hi, c_off, b_Apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
     )
     b_seed = tl.zeros([BN], dtype=ACC)
     if HAS_SEED:
         b_seed = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
-        if PHASE == 0 or PHASE == 2 or PHASE == 4:  # the state entering the block: (A, B) before it, on the seed
+        if PHASE == 0 or PHASE == 2:  # the state entering the block: (A, B) of the blocks before it, on the seed
             b_carry += b_Apre * b_seed
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c, T, o_row, o_n, m_n, BT, False, False)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, False, False)
         if STARTS_AT:
             b_done = load_flag(p_done, off, m, ACC)
         else:

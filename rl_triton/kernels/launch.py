@@ -30,7 +30,7 @@ _BLOCK = 1024
 _WARPS_LONG = 4  # BT >= 512
 _WARPS_SHORT = 8
 # Rows of up to a few _MAX_BT steps are one chunk for the fused scan kernels (scan_tiles): such a
-# row runs PHASE 4, loop-free, which measured much faster than walking it in 1024-step chunks (H200,
+# row runs loop-free (ONE), which measured much faster than walking it in 1024-step chunks (H200,
 # 4096x2048: GAE 0.87 of copy vs 0.78, V-trace 0.97 vs 0.69, discounted 0.95 vs 0.73, TD(lambda) 0.94
 # vs 0.83, traces 0.95 vs 0.84, benchmarks/results/tile_sweep_bigchunk_h200.json; 8192x4096 in one
 # 4096-step chunk: V-trace 0.93 vs 0.72, discounted 0.91 vs 0.76, traces 0.98 vs 0.89, GAE 0.84 vs
@@ -319,8 +319,11 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass (two launch
 # always / never. _LOOKBACK_WINDOW: blocks folded by each program.
 _LOOKBACK: bool | None = None
 _LOOKBACK_WINDOW = 256
-# Rows of one chunk run PHASE 4 (the loop-free PHASE 0 of kernels/core.py); False: PHASE 0 (sweeps).
+# Rows of one chunk run loop-free (ONE in kernels/core.py); False: the chunk loop (sweeps).
 _ONE_CHUNK = True
+# Multi-block programs of one chunk (the look-back always; two passes with one chunk per block) run
+# loop-free too. Off until measured on the GPU (the session that wrote it had no device time left).
+_ONE_CHUNK_BLOCKS = False
 
 
 def _use_lookback(preferred: bool, tiles: Tiles) -> bool:
@@ -358,16 +361,19 @@ def _scan_plan(
     nk, cpb, one_pass = _plan(n, t_len, tiles, lookback)
     constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
-        phase = 4 if cpb == 1 and _ONE_CHUNK else 0  # PHASE 4: rows of one chunk (kernels/core.py)
-        return _Plan(kernel, device, [((env_programs, 1), {**constexprs, "PHASE": phase, "NKP": 1}, tiles.warps)],
-                     (0, cpb), cached)  # fmt: skip
+        one = cpb == 1 and _ONE_CHUNK  # rows of one chunk: loop-free (kernels/core.py, ONE)
+        launch = ((env_programs, 1), {**constexprs, "PHASE": 0, "ONE": one, "NKP": 1}, tiles.warps)
+        return _Plan(kernel, device, [launch], (0, cpb), cached)
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
+    one = cpb == 1 and _ONE_CHUNK_BLOCKS
     if one_pass:
         window = min(_pow2(nk), _LOOKBACK_WINDOW)
-        launch = ((n * nk, 1), {**constexprs, "PHASE": 3, "NKP": window}, tiles.warps)
+        launch = ((n * nk, 1), {**constexprs, "PHASE": 3, "ONE": one, "NKP": window}, tiles.warps)
         return _Plan(kernel, device, [launch], (3, n, nk, acc), cached)
     nkp = _pow2(nk)
-    launches = [((env_programs, nk), {**constexprs, "PHASE": phase, "NKP": nkp}, tiles.warps) for phase in (1, 2)]
+    launches = [
+        ((env_programs, nk), {**constexprs, "PHASE": phase, "ONE": one, "NKP": nkp}, tiles.warps) for phase in (1, 2)
+    ]
     return _Plan(kernel, device, launches, (1, n, nk, cpb, acc), cached)
 
 
