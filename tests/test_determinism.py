@@ -13,14 +13,17 @@ from tests.test_multiblock import CALLS, _inputs
 @pytest.mark.parametrize("split", [None, "two-pass", "lookback"], ids=["single", "two-pass", "lookback"])
 @pytest.mark.parametrize("fn", ["gae", "vtrace", "retrace", "lambda", "traces"])
 def test_bitwise_repeatable(path, monkeypatch, split, fn):
-    if split:
+    if split:  # rows of 300 steps in 32-step chunks, split into time blocks
         monkeypatch.setattr(launch, "_MIN_CHUNKS_FOR_SPLIT", 2)
         monkeypatch.setattr(launch, "_MIN_CHUNKS_PER_BLOCK", 1)
+        monkeypatch.setattr(launch, "_MAX_BT", 32)
+        monkeypatch.setattr(launch, "_ONE_CHUNK_FACTOR", 1)
         monkeypatch.setattr(launch, "_LOOKBACK", split == "lookback")
         if split == "lookback":
-            monkeypatch.setattr(launch, "_MAX_BT", 32)
             monkeypatch.setattr(launch, "_BLOCK", 32)
             monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 4)
+        tiles = launch.scan_tiles("gae", 3, 300)
+        assert launch._plan(3, 300, tiles, split == "lookback")[0] > 1
     x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(3, 300, path.device).items()}
     equal_results(CALLS[fn](x), CALLS[fn](x))  # zero tolerance: equal values, dtypes and devices
 
