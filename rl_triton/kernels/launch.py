@@ -22,9 +22,10 @@ from . import core, fused
 # no program is mostly masked. Power-of-two size classes of T (and of N below the block size)
 # only, so a new rollout length recompiles at most once per class. Chosen from sweeps of every
 # kernel on an H200 (benchmarks/tile_sweep.py, results in benchmarks/results/tile_sweep_*_h200.json;
-# NOTES.md, "Performance"): 1024-element programs won or tied at every shape and kernel swept; 4 warps
-# for rows of >= 512 steps, 8 for shorter ones (fewer registers per thread for the wide tiles of
-# short rows; V-trace and Retrace spill at 2048-element programs with 4 warps).
+# NOTES.md, "Performance"): 1024-element programs won or tied at every shape and kernel swept with
+# chunks walked in a loop; 4 warps for rows of >= 512 steps, 8 for shorter ones (fewer registers per
+# thread for the wide tiles of short rows; V-trace and Retrace spill at 2048-element programs with 4
+# warps). The fused scan kernels make longer rows one chunk instead (below).
 _MAX_BT = 1024
 _BLOCK = 1024
 _WARPS_LONG = 4  # BT >= 512
