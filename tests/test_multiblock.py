@@ -158,3 +158,21 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert _phases("gae", gae, 1, 1 << 20) == (1024, [(1, True), (2, True)])
     monkeypatch.setattr(launch, "_LOOKBACK", True)
     assert _phases("gae", gae, 1, 1 << 20) == (1024, [(3, True)])
+
+
+@pytest.mark.parametrize("shape", [(2, 1500), (2, 3000)], ids=["N2-T1500", "N2-T3000"])
+@pytest.mark.parametrize("fn", list(CALLS))
+def test_one_chunk_rows_match_reference(path, shape, fn):
+    """Rows longer than a walked chunk but within a kernel's one-chunk limit (scan_tiles: 2048 steps
+    for GAE, 4096 for the others) are one loop-free chunk (GAE at 3000 steps walks 1024-step chunks);
+    against the PyTorch path in float64."""
+    if not path.is_kernel:
+        pytest.skip("tile policy of the kernel path")
+    x = _inputs(*shape, path.device)
+    got = CALLS[fn](x)
+    with R.use_backend("torch"):
+        want = CALLS[fn]({k: v.cpu() for k, v in x.items()})
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-10, rtol=1e-10)
