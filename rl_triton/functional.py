@@ -26,6 +26,18 @@ from ._ops import compilable
 from ._validation import check_data, check_probabilities, prepare, scalar
 
 _BOOT_DIFF = ("bootstrap_values", "last_value")
+_LAUNCH = None
+
+
+def _launchers():
+    """:mod:`rl_triton.kernels.launch`, imported on first use (it imports Triton); a module global
+    after that, because an import statement costs ~0.7 us on every call."""
+    global _LAUNCH
+    if _LAUNCH is None:
+        from .kernels import launch
+
+        _LAUNCH = launch
+    return _LAUNCH
 
 
 def _check_bootstrap(fn: str, truncateds, bootstrap_values, last_value) -> None:
@@ -97,8 +109,7 @@ def _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
-        from .kernels import launch
-
+        launch = _launchers()
         return (launch.gae(p, s["gamma"], s["lambda_"], next_all),)
 
     (adv,) = run(p, reference.gae, s, kernel, ("rewards", "values", *_BOOT_DIFF), 1)
@@ -203,8 +214,7 @@ def _vtrace(
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
-        from .kernels import launch
-
+        launch = _launchers()
         return launch.vtrace(p, s["gamma"], s["rho_bar"], s["c_bar"], next_all)
 
     vs, adv = run(p, reference.vtrace, s, kernel, ("rewards", "values", *_BOOT_DIFF), 2)
@@ -305,8 +315,7 @@ def compute_retrace(
     check_probabilities(p, ("action_probs_target", "next_action_probs_target"), "action_probs_behavior")
 
     def kernel():
-        from .kernels import launch
-
+        launch = _launchers()
         return launch.retrace(p, s["gamma"], s["lambda_"], s["c_bar"], s["rho_bar"])
 
     qt, adv = run(p, reference.retrace, s, kernel, ("rewards", "q_values", "next_q_values_all"), 2)
@@ -356,8 +365,7 @@ def compute_discounted_returns(
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
-        from .kernels import launch
-
+        launch = _launchers()
         return (launch.returns(p, s["gamma"], 1.0),)
 
     (g,) = run(p, reference.lambda_returns, s, kernel, ("rewards", "bootstrap_values"), 1)
@@ -409,8 +417,7 @@ def compute_lambda_returns(
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
-        from .kernels import launch
-
+        launch = _launchers()
         return (launch.returns(p, s["gamma"], s["lambda_"]),)
 
     (g,) = run(p, reference.lambda_returns, s, kernel, ("rewards", "next_values", "bootstrap_values"), 1)
@@ -429,8 +436,7 @@ def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict) -> torc
     p.tensors["inputs"] = p.tensors.pop(x_name)
 
     def kernel():
-        from .kernels import launch
-
+        launch = _launchers()
         return (launch.forward_trace(p, s["scale"], s["starts_at"]),)
 
     (y,) = run(p, reference.forward_trace, s, kernel, ("inputs", "seed_values"), 1)
