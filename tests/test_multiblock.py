@@ -77,6 +77,17 @@ CALLS = {
 }
 
 
+def _matches_torch_path(fn, x):
+    """CALLS[fn] on ``x`` (float64 inputs) equals the PyTorch path's result to 1e-10."""
+    got = CALLS[fn](x)
+    with R.use_backend("torch"):
+        want = CALLS[fn]({k: v.cpu() for k, v in x.items()})
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-10, rtol=1e-10)
+
+
 @pytest.mark.parametrize(
     "force_blocks",
     [(2, 1, None), (2, 1, None, "one"), (2, 2, None), (2, 1, 4), (2, 1, 4, "one"), (2, 1, 64)],
@@ -98,13 +109,7 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
     x = _inputs(*shape, path.device)
     tiles = launch._tiles(*shape)
     assert launch._time_blocks(-(-shape[0] // tiles.bn), -(-shape[1] // tiles.bt))[0] > 1
-    got = CALLS[fn](x)
-    with R.use_backend("torch"):
-        want = CALLS[fn]({k: v.cpu() for k, v in x.items()})
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.cpu(), w, atol=1e-10, rtol=1e-10)
+    _matches_torch_path(fn, x)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -169,10 +174,4 @@ def test_one_chunk_rows_match_reference(path, shape, fn):
     if not path.is_kernel:
         pytest.skip("tile policy of the kernel path")
     x = _inputs(*shape, path.device)
-    got = CALLS[fn](x)
-    with R.use_backend("torch"):
-        want = CALLS[fn]({k: v.cpu() for k, v in x.items()})
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.cpu(), w, atol=1e-10, rtol=1e-10)
+    _matches_torch_path(fn, x)
