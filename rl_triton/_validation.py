@@ -93,13 +93,19 @@ def _contiguous(name: str, t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def _kernel_view(t: torch.Tensor, squeeze: bool) -> torch.Tensor:
+    """A contiguous tensor as the kernels read it: 2-D (a leading env dim for 1-D calls), ``bool``
+    reinterpreted as ``uint8`` (same bytes)."""
+    if squeeze:
+        t = t.unsqueeze(0)
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
 def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | None:
-    """The kernels' view of a validated tensor: 2-D (a leading env dim for 1-D calls), contiguous,
-    ``bool`` reinterpreted as ``uint8`` (same bytes)."""
+    """The kernels' view of a validated tensor (:func:`_kernel_view`), made contiguous first."""
     if t is None:
         return None
-    t = _contiguous(name, t.unsqueeze(0) if squeeze else t)
-    return t.view(torch.uint8) if t.dtype == torch.bool else t
+    return _kernel_view(_contiguous(name, t), squeeze)
 
 
 # Validation cache. A training loop calls with the same shapes, dtypes and devices every step, and
@@ -132,18 +138,13 @@ def _signature(fn: str, required: tuple, groups: tuple) -> tuple | None:
 
 
 def _from_cache(fn: str, meta: tuple, groups: tuple) -> Prepared:
-    """A cache hit: the tensors are contiguous (the signature checked), so only the 1-D unsqueeze and
-    the bool reinterpretation of :func:`_layout` remain."""
+    """A cache hit: the tensors are contiguous (the signature checked), so only
+    :func:`_kernel_view` remains."""
     num_envs, seq_len, dtype, device, squeeze, num_actions, plans = meta
     tensors = {}
     for group in groups:
         for name, t in group.items():
-            if t is not None:
-                if squeeze:
-                    t = t.unsqueeze(0)
-                if t.dtype == torch.bool:
-                    t = t.view(torch.uint8)
-            tensors[name] = t
+            tensors[name] = None if t is None else _kernel_view(t, squeeze)
     return Prepared(fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans)
 
 
