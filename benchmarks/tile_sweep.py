@@ -93,11 +93,33 @@ def _grid(grid: dict) -> list[dict]:
     return [dict(zip(keys, vals, strict=True)) for vals in itertools.product(*(grid[k] for k in keys))]
 
 
-def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Budget, dtype=torch.float32) -> list:
+def _outputs(spec, x) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = spec.primary(x)
+    return [o.float() for o in (out if isinstance(out, tuple | list) else (out,))]
+
+
+def _rel_diff(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    """max |got - ref| / max |ref| over every output; inf if a difference is not a number."""
+    worst = 0.0
+    for g, r in zip(got, ref, strict=True):
+        scale = r.abs().max().item() or 1.0
+        d = (g - r).abs().max().item() / scale
+        worst = max(worst, d if d == d else float("inf"))
+    return worst
+
+
+def sweep_shape(
+    fn: str, n: int, t: int, configs: list[dict], budget: timing.Budget, dtype=torch.float32, check: bool = False
+) -> list:
+    """Time ``fn`` at (n, t) under each policy configuration. ``check``: also compare each variant's
+    outputs with those of the default policy (``rel_diff_vs_default``; rounding differs between
+    split plans, so expect ~1e-6 in float32, not 0)."""
     spec = specs.SPECS[specs.resolve(fn)[0]]
     x = specs.Inputs(n, t, dtype, torch.device("cuda"))
     nbytes = spec.nbytes(x)
     copy = timing.copy_gbps(nbytes, torch.device("cuda"), budget)
+    ref = _outputs(spec, x) if check else None
     rows, seen = [], {}
     for knobs in configs:
         with policy(**knobs):
@@ -117,6 +139,8 @@ def sweep_shape(fn: str, n: int, t: int, configs: list[dict], budget: timing.Bud
                 row = {"status": f"failed: {type(exc).__name__}: {exc}"[:200]}
             else:
                 row = {"status": "ok", "kernel_us": us, "fraction_of_copy": nbytes / (us * 1e-6) / 1e9 / copy}
+                if check:
+                    row["rel_diff_vs_default"] = _rel_diff(_outputs(spec, x), ref)
         row |= {"function": spec.name, "num_envs": n, "seq_len": t, "dtype": str(dtype).removeprefix("torch.")}
         if spec.name == "compute_retrace":
             row["num_actions"] = specs.NUM_ACTIONS
@@ -155,6 +179,7 @@ def main() -> None:
     ap.add_argument("--grid", default=None, help="JSON overriding tile-grid knobs, e.g. '{\"_MAX_BT\": [1024]}'")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
     ap.add_argument("--actions", type=int, default=None, help="number of actions of Retrace's inputs (default 4)")
+    ap.add_argument("--check", action="store_true", help="compare each variant's outputs with the default policy's")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.actions:
@@ -189,12 +214,12 @@ def main() -> None:
     for fn, (n, t), cfgs in tqdm(jobs, desc="sweep", unit="shape"):
         if fn == "retrace18":
             specs.NUM_ACTIONS = 18
-            got = sweep_shape("retrace", n, t, cfgs, budget, dtype)
+            got = sweep_shape("retrace", n, t, cfgs, budget, dtype, args.check)
             specs.NUM_ACTIONS = 4
             for r in got:
                 r["num_actions"] = 18
         else:
-            got = sweep_shape(fn, n, t, cfgs, budget, dtype)
+            got = sweep_shape(fn, n, t, cfgs, budget, dtype, args.check)
         rows += got
         ok = [r for r in got if r["status"] == "ok" and not r.get("duplicate")]
         if ok:
@@ -204,6 +229,9 @@ def main() -> None:
                 f"BT={b['bt']} W={b['warps']} NK={b['nk']} grouped={b['grouped']} lookback={b['lookback']} "
                 f"({len(ok)} variants)"
             )
+            if args.check:
+                worst = max(r["rel_diff_vs_default"] for r in ok)
+                tqdm.write(f"  largest difference from the default policy: {worst:.1e}")
     meta = {
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "seconds": time.time() - t0,
