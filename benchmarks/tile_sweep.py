@@ -53,8 +53,9 @@ _GROUPED_FORMS = {
 
 @contextlib.contextmanager
 def policy(**knobs):
-    if "_WARPS" in knobs:
-        knobs = {k: v for k, v in knobs.items() if k != "_WARPS"} | dict.fromkeys(_WARP_KNOBS, knobs["_WARPS"])
+    if "_WARPS" in knobs:  # None: the launcher's own warps
+        warps = knobs.pop("_WARPS")
+        knobs = knobs if warps is None else knobs | dict.fromkeys(_WARP_KNOBS, warps)
     if "GROUPED" in knobs:
         knobs = {k: v for k, v in knobs.items() if k != "GROUPED"} | _GROUPED_FORMS[knobs["GROUPED"]]
     saved = {k: getattr(launch, k) for k in knobs}
@@ -80,12 +81,12 @@ def _effective(fn: str, n: int, t: int) -> tuple:
     """What the launcher would run for ``fn`` at (n, t) under the current policy."""
     if fn == "compute_retrace":
         tiles, grouped = launch.retrace_tiles(n, t, specs.NUM_ACTIONS)
+        layout = launch._layout(n, t, tiles, "retrace")
     else:
-        tiles = launch.scan_tiles(_SCAN_KIND[fn], n, t)
+        layout = launch.scan_layout(_SCAN_KIND[fn], n, t)
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
-        grouped = 0 if forward else launch._group(tiles, torch.float32)
-    nk, cpb, one_pass = launch._plan(n, t, tiles, lookback=fn == "compute_retrace")
-    return (*tiles, nk, cpb, grouped, nk > 1 and one_pass)
+        grouped = 0 if forward else launch._group(layout.tiles, torch.float32)
+    return (*layout.tiles, layout.nk, layout.cpb, grouped, layout.nk > 1 and layout.lookback)
 
 
 def _grid(grid: dict) -> list[dict]:
@@ -128,6 +129,7 @@ def sweep_shape(
                 knobs.get("_GROUP_16BIT"),
                 knobs.get("_ONE_CHUNK"),
                 knobs.get("_ONE_CHUNK_BLOCKS"),
+                knobs.get("_LOOKBACK_WINDOW"),
             )
             if eff in seen:  # same tiles and split as a configuration already timed
                 rows.append({**seen[eff], "knobs": knobs, "duplicate": True})

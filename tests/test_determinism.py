@@ -22,8 +22,8 @@ def test_bitwise_repeatable(path, monkeypatch, split, fn):
         if split == "lookback":
             monkeypatch.setattr(launch, "_BLOCK", 32)
             monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 4)
-        tiles = launch.scan_tiles("gae", 3, 300)
-        assert launch._plan(3, 300, tiles, split == "lookback")[0] > 1
+        layout = launch.scan_layout("gae", 3, 300)
+        assert layout.nk > 1 and layout.lookback == (split == "lookback")
     x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(3, 300, path.device).items()}
     equal_results(CALLS[fn](x), CALLS[fn](x))  # zero tolerance: equal values, dtypes and devices
 

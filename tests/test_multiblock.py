@@ -23,13 +23,15 @@ def tile_form(monkeypatch, request):
 
 @pytest.fixture
 def force_blocks(monkeypatch, request):
-    min_chunks, per_block, window, *one = request.param
-    monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", bool(one))  # loop-free blocks of one chunk
+    min_chunks, per_block, window, one, factor = request.param
+    monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", one)  # loop-free blocks of one chunk
     monkeypatch.setattr(launch, "_MIN_CHUNKS_FOR_SPLIT", min_chunks)
     monkeypatch.setattr(launch, "_MIN_CHUNKS_PER_BLOCK", per_block)
     monkeypatch.setattr(launch, "_TARGET_PROGRAMS", 4096)
     monkeypatch.setattr(launch, "_MAX_BT", 32)
-    monkeypatch.setattr(launch, "_ONE_CHUNK_FACTOR", 1)  # every row walked in 32-step chunks
+    # every row walked in 32-step chunks; blocks of `factor` walked chunks (64 steps: one env per program)
+    monkeypatch.setattr(launch, "_ONE_CHUNK_FACTOR", factor)
+    monkeypatch.setattr(launch, "_SPLIT_FACTOR", factor)
     monkeypatch.setattr(launch, "_LOOKBACK", window is not None)
     if window is not None:
         monkeypatch.setattr(launch, "_BLOCK", 32)  # one env per program
@@ -90,9 +92,27 @@ def _matches_torch_path(fn, x):
 
 @pytest.mark.parametrize(
     "force_blocks",
-    [(2, 1, None), (2, 1, None, "one"), (2, 2, None), (2, 1, 4), (2, 1, 4, "one"), (2, 1, 64)],
+    [
+        (2, 1, None, False, 1),
+        (2, 1, None, True, 1),
+        (2, 1, None, True, 2),
+        (2, 2, None, False, 1),
+        (2, 1, 4, False, 1),
+        (2, 1, 4, True, 1),
+        (2, 1, 4, True, 2),
+        (2, 1, 64, False, 1),
+    ],  # fmt: skip
     indirect=True,
-    ids=["cpb1", "cpb1-one", "cpb2", "lookback-w4", "lookback-w4-one", "lookback-w64"],
+    ids=[
+        "cpb1",
+        "cpb1-one",
+        "cpb1-one-x2",
+        "cpb2",
+        "lookback-w4",
+        "lookback-w4-one",
+        "lookback-w4-one-x2",
+        "lookback-w64",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("shape", [(1, 300), (3, 449), (5, 100), (2, 1031)], ids=lambda s: f"N{s[0]}-T{s[1]}")
 @pytest.mark.parametrize("fn", list(CALLS))
@@ -102,7 +122,7 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
     window = force_blocks[2]
     if (tile_form == "env-major" and (force_blocks[1] > 1 or window == 64)) or (tile_form == "plain" and window == 64):
         pytest.skip("combination covered by the others (env-major tiles serve single-chunk rows in production)")
-    if len(force_blocks) > 3 and tile_form == "env-major":
+    if force_blocks[3] and tile_form == "env-major":
         pytest.skip("loop-free blocks: plain and group-major tiles keep CI short")
     if window is not None and shape[0] != 1 and shape[1] != 449:
         pytest.skip("look-back: N1-T300 and N3-T449 (10 and 15 blocks, several windows of 4) keep CI short")
@@ -122,7 +142,7 @@ def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
         pytest.skip("tile forms are a kernel-path feature")
     kind = {"gae": "gae", "gae_last": "gae", "vtrace": "vtrace", "discounted": "returns", "lambda": "returns_nv"}[fn]
     for shape in [(4, 1100), (4, 2100), (1, 5000)]:
-        assert launch._group(launch.scan_tiles(kind, *shape), dtype) == 8
+        assert launch._group(launch.scan_layout(kind, *shape).tiles, dtype) == 8
         x = {k: v.to(dtype) if v.is_floating_point() else v for k, v in _inputs(*shape, path.device).items()}
         got = CALLS[fn](x)
         with R.use_backend("torch"):
@@ -135,34 +155,40 @@ def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
 
 
 def _phases(kind, kernel, n, t):
-    tiles = launch.scan_tiles(kind, n, t)
-    plan = launch._scan_plan(kernel, n, t, torch.device("cpu"), {"ACC": None}, tiles)
-    return tiles.bt, [(c["PHASE"], c["ONE"]) for _grid, c, _warps in plan.launches]
+    layout = launch.scan_layout(kind, n, t)
+    plan = launch._scan_plan(kernel, n, torch.device("cpu"), {"ACC": None}, layout)
+    return layout.tiles.bt, [(c["PHASE"], c["ONE"]) for _grid, c, _warps in plan.launches]
 
 
 def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     """Rows of one chunk run loop-free (ONE), up to the kernel's one-chunk limit (2048 steps for GAE,
     4096 for the others); longer rows walk 1024-step chunks, and long rows of few envs split into
-    time blocks (loop-free blocks only with launch._ONE_CHUNK_BLOCKS); launch._ONE_CHUNK = False
-    keeps the loop for every single pass."""
+    loop-free time blocks of one chunk (launch._SPLIT_POLICY: 2048-step look-back blocks for GAE,
+    two passes over 1024-step blocks for the forward traces); launch._ONE_CHUNK = False keeps the
+    loop for every single pass."""
     from rl_triton.kernels import fused
 
-    gae, vtrace = fused.gae_kernel, fused.vtrace_kernel
+    gae, vtrace, fwd = fused.gae_kernel, fused.vtrace_kernel, fused.forward_trace_kernel
     assert _phases("gae", gae, 4096, 512) == (512, [(0, True)])
     assert _phases("gae", gae, 4096, 2048) == (2048, [(0, True)])
     assert _phases("gae", gae, 4096, 4096) == (1024, [(0, False)])
     assert _phases("vtrace", vtrace, 4096, 4096) == (4096, [(0, True)])
     assert _phases("vtrace", vtrace, 4096, 4097) == (1024, [(0, False)])
-    assert _phases("gae", gae, 1, 1 << 20) == (1024, [(1, launch._ONE_CHUNK_BLOCKS), (2, launch._ONE_CHUNK_BLOCKS)])
-    assert _phases("gae", gae, 16, 1 << 20) == (1024, [(1, False), (2, False)])  # 16 chunks per block
+    assert _phases("gae", gae, 1, 1 << 20) == (2048, [(3, True)])
+    assert _phases("gae", gae, 16, 1 << 20) == (2048, [(3, True)])
+    assert _phases("vtrace", vtrace, 16, 1 << 20) == (1024, [(3, True)])
+    assert _phases("forward", fwd, 16, 1 << 20) == (1024, [(1, True), (2, True)])
+    assert launch.scan_layout("forward", 16, 1 << 20).nk == 1024  # one chunk per block
+    assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 16, False)  # at most 1024 blocks
     assert launch.scan_tiles("vtrace", 4096, 4096).warps == 16
     assert launch.scan_tiles("returns_nv", 4096, 4096).warps == 8
     monkeypatch.setattr(launch, "_ONE_CHUNK", False)
     assert _phases("gae", gae, 4096, 512) == (512, [(0, False)])
-    monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", True)
-    assert _phases("gae", gae, 1, 1 << 20) == (1024, [(1, True), (2, True)])
-    monkeypatch.setattr(launch, "_LOOKBACK", True)
-    assert _phases("gae", gae, 1, 1 << 20) == (1024, [(3, True)])
+    monkeypatch.setattr(launch, "_LOOKBACK", False)
+    assert _phases("gae", gae, 1, 1 << 20) == (2048, [(1, True), (2, True)])
+    monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", False)  # blocks of several chunks, from _TARGET_PROGRAMS
+    assert _phases("gae", gae, 16, 1 << 20) == (2048, [(1, False), (2, False)])
+    assert launch.scan_layout("gae", 16, 1 << 20)[1:] == (64, 8, False)
 
 
 @pytest.mark.parametrize("shape", [(2, 1500), (2, 3000)], ids=["N2-T1500", "N2-T3000"])

@@ -79,15 +79,22 @@ def _tiles(n: int, t: int, block: int | None = None) -> Tiles:
     return Tiles(bn, bt, _WARPS_LONG if bt >= 512 else _WARPS_SHORT)
 
 
+def _chunk_warps(kind: str, bt: int) -> int:
+    """Warps of a one-env program of ``bt`` steps: the kernel's elements per thread, at least
+    _WARPS_LONG, at most its cap."""
+    _factor, per_thread, max_warps = _SCAN_POLICY[kind]
+    return min(max_warps, max(_WARPS_LONG, bt // (32 * per_thread)))
+
+
 def scan_tiles(kind: str, n: int, t: int) -> Tiles:
-    """Tiles of the fused scan kernel ``kind`` (a key of _SCAN_POLICY): those of :func:`_tiles`,
-    except that a row of up to the kernel's one-chunk limit is one chunk, with warps for its
-    elements per thread (at least _WARPS_LONG, at most its cap)."""
-    factor, per_thread, max_warps = _SCAN_POLICY[kind]
+    """Single-pass tiles of the fused scan kernel ``kind`` (a key of _SCAN_POLICY): those of
+    :func:`_tiles`, except that a row of up to the kernel's one-chunk limit is one chunk, with warps
+    for its elements per thread (at least _WARPS_LONG, at most its cap)."""
+    factor = _SCAN_POLICY[kind][0]
     bt = max(4, _pow2(max(t, 1)))
     if bt <= _MAX_BT or bt > min(factor, _ONE_CHUNK_FACTOR) * _MAX_BT:
         return _tiles(n, t)
-    return Tiles(1, bt, min(max_warps, max(_WARPS_LONG, bt // (32 * per_thread))))
+    return Tiles(1, bt, _chunk_warps(kind, bt))
 
 
 # Tile forms of the reverse recurrences of GAE, V-trace and the returns (kernels/core.py), chosen
@@ -306,35 +313,56 @@ _COMPILED: dict = {}
 
 
 # Multi-block scans (kernels/core.py): when the env blocks alone give too few programs for the
-# GPU and rows span several chunks, each row is split into time blocks of CPB chunks, scanned in
-# two launches (PHASE 1 stores each block's aggregate, PHASE 2 folds the aggregates before its
-# block and rescans it). Size classes only: no recompilation.
+# GPU (fewer than _TARGET_PROGRAMS / 2) and rows span at least _MIN_CHUNKS_FOR_SPLIT chunks, each
+# row is split into time blocks, scanned either in one launch (PHASE 3, the look-back: one chunk
+# per block, one env per program, inputs read once) or in two (PHASE 1 stores each block's
+# aggregate, PHASE 2 folds the aggregates before its block and rescans it; inputs read twice).
+# Size classes only: no recompilation.
 _TARGET_PROGRAMS = 1024  # H200: 132 SMs, several resident programs each
 _MAX_BLOCKS = 1024  # PHASE 2 folds up to this many aggregates per row in registers
 _MIN_CHUNKS_PER_BLOCK = 1
-_MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass (two launches cost more)
-# One-pass multi-block scans (PHASE 3, core.lookback) instead of the two launches, for one env per
-# program: None = where it measured faster on the H200, i.e. for the launches that pass
-# lookback=True to _scan_launch (Retrace: 1x1,048,576 45.9 us vs 54.2 us, 16x1,048,576 0.52 of copy
-# vs 0.46; the other kernels were 10-40% slower than two passes, see NOTES.md), True / False =
-# always / never. _LOOKBACK_WINDOW: blocks folded by each program.
+_MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
+_LOOKBACK_WINDOW = 256  # PHASE 3: blocks folded by each program (core.lookback)
+# Per kernel: (chunk of a time block in units of the walked chunk, look-back or two passes).
+# Measured on the H200 with loop-free blocks (benchmarks/results/tile_sweep_long_h200.json, NOTES.md
+# "Performance"): the look-back won for every kernel but the forward traces (16x1,048,576: GAE 0.71
+# of copy vs 0.68 two-pass, V-trace 0.77 vs 0.69, Retrace 0.57 vs 0.35; traces 0.51 two-pass with one
+# chunk per block vs 0.47 look-back); 2048-step blocks won for GAE and the returns (1x16,777,216:
+# GAE 0.46 vs 0.43, discounted 0.43 vs 0.34), 1024-step ones for V-trace (0.51 vs 0.43).
+_SPLIT_POLICY = {
+    "gae": (2, True),
+    "vtrace": (1, True),
+    "returns": (2, True),
+    "returns_nv": (2, True),
+    "forward": (1, False),
+    "retrace": (1, True),
+}
+# Sweep overrides (None: the kernel's policy): the block chunk factor of _SPLIT_POLICY (capped by
+# _ONE_CHUNK_FACTOR, as one-chunk rows are), the look-back (True / False: always / never), and the
+# warps of blocks longer than a walked chunk (else _chunk_warps).
+_SPLIT_FACTOR: int | None = None
 _LOOKBACK: bool | None = None
-_LOOKBACK_WINDOW = 256
+_SPLIT_WARPS: int | None = None
 # Rows of one chunk run loop-free (ONE in kernels/core.py); False: the chunk loop (sweeps).
 _ONE_CHUNK = True
-# Multi-block programs of one chunk (the look-back always; two passes with one chunk per block) run
-# loop-free too. Off until measured on the GPU (the session that wrote it had no device time left).
-_ONE_CHUNK_BLOCKS = False
+# Multi-block programs of one chunk run loop-free too (the look-back always, two passes then take
+# one chunk per block up to _MAX_BLOCKS blocks); False: blocks of several chunks from
+# _TARGET_PROGRAMS, walked in a loop (the form measured before loop-free blocks, for sweeps).
+_ONE_CHUNK_BLOCKS = True
 
 
-def _use_lookback(preferred: bool, tiles: Tiles) -> bool:
-    """Whether a multi-block launch takes the look-back: ``preferred`` (the kernel's measured choice)
-    unless _LOOKBACK overrides it; one env per program either way."""
-    return (preferred if _LOOKBACK is None else _LOOKBACK) and tiles.bn == 1
+class Layout(NamedTuple):
+    """How a fused kernel covers an [N, T] launch: tiles, time blocks per row (1: single pass),
+    chunks per block, and whether a multi-block launch is the one-pass look-back."""
+
+    tiles: Tiles
+    nk: int
+    cpb: int
+    lookback: bool
 
 
 def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
-    """(number of time blocks, chunks per block) for one launch."""
+    """(time blocks, chunks per block) of the walked split of rows of ``n_chunks`` chunks."""
     if env_programs * 2 >= _TARGET_PROGRAMS or n_chunks < _MIN_CHUNKS_FOR_SPLIT:
         return 1, n_chunks
     nk = min(_cdiv(_TARGET_PROGRAMS, env_programs), n_chunks // _MIN_CHUNKS_PER_BLOCK, _MAX_BLOCKS)
@@ -342,24 +370,42 @@ def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
     return _cdiv(n_chunks, cpb), cpb
 
 
-def _plan(n: int, t_len: int, tiles: Tiles, lookback: bool) -> tuple[int, int, bool]:
-    """(time blocks per row, chunks per block, one pass) of a launch: one block for a single pass;
-    with the look-back one chunk per block (``lookback``: the kernel's preference, see _use_lookback);
-    else the two-pass split of _time_blocks."""
+def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) -> Layout:
+    """The layout of a launch whose single-pass tiles are ``tiles``; ``split_key`` names the kernel's
+    _SPLIT_POLICY entry and ``warps_for(bt)`` the warps of a one-env chunk of ``bt`` steps (for
+    block chunks longer than the walked ones)."""
     n_chunks = _cdiv(t_len, tiles.bt)
     nk, cpb = _time_blocks(_cdiv(n, tiles.bn), n_chunks)
-    if nk > 1 and _use_lookback(lookback, tiles):
-        return n_chunks, 1, True
-    return nk, cpb, nk == 1
+    if nk == 1:
+        return Layout(tiles, 1, cpb, False)
+    factor, lookback = _SPLIT_POLICY[split_key]
+    factor = min(factor if _SPLIT_FACTOR is None else _SPLIT_FACTOR, _ONE_CHUNK_FACTOR)
+    lookback = lookback if _LOOKBACK is None else _LOOKBACK
+    if factor > 1 and warps_for is not None:
+        bt = tiles.bt * factor
+        warps = warps_for(bt) if _SPLIT_WARPS is None else _SPLIT_WARPS
+        tiles, n_chunks = Tiles(1, bt, warps), _cdiv(t_len, bt)
+        if n_chunks == 1:
+            return Layout(tiles, 1, 1, False)
+    if lookback and tiles.bn == 1:
+        return Layout(tiles, n_chunks, 1, True)
+    if _ONE_CHUNK_BLOCKS:
+        cpb = _cdiv(n_chunks, _MAX_BLOCKS)
+        return Layout(tiles, _cdiv(n_chunks, cpb), cpb, False)
+    nk, cpb = _time_blocks(_cdiv(n, tiles.bn), n_chunks)
+    return Layout(tiles, nk, cpb, False)
 
 
-def _scan_plan(
-    kernel, n: int, t_len: int, device, constexprs: dict, tiles: Tiles, lookback: bool = False, cached: bool = False
-) -> _Plan:
+def scan_layout(kind: str, n: int, t: int) -> Layout:
+    """The layout of fused scan kernel ``kind`` (a key of _SCAN_POLICY and _SPLIT_POLICY)."""
+    return _layout(n, t, scan_tiles(kind, n, t), kind, functools.partial(_chunk_warps, kind))
+
+
+def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached: bool = False) -> _Plan:
     """The launches of a fused kernel: single pass, one-pass multi-block scan (PHASE 3, look-back) or
     two-pass multi-block scan (PHASE 1, then PHASE 2)."""
+    tiles, nk, cpb = layout.tiles, layout.nk, layout.cpb
     env_programs = _cdiv(n, tiles.bn)
-    nk, cpb, one_pass = _plan(n, t_len, tiles, lookback)
     constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
         one = cpb == 1 and _ONE_CHUNK  # rows of one chunk: loop-free (kernels/core.py, ONE)
@@ -367,7 +413,7 @@ def _scan_plan(
         return _Plan(kernel, device, [launch], (0, cpb), cached)
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
-    if one_pass:
+    if layout.lookback:
         window = min(_pow2(nk), _LOOKBACK_WINDOW)
         launch = ((n * nk, 1), {**constexprs, "PHASE": 3, "ONE": one, "NKP": window}, tiles.warps)
         return _Plan(kernel, device, [launch], (3, n, nk, acc), cached)
@@ -388,13 +434,13 @@ def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool) -> _P
     """The plan of GAE's or V-trace's kernel: both take the same optional inputs (truncateds,
     bootstrap values, last value), the next-values form and the tile forms."""
     t = p.tensors
-    tiles = scan_tiles(kind, p.num_envs, p.seq_len)
+    layout = scan_layout(kind, p.num_envs, p.seq_len)
     constexprs = dict(
         HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
-        GROUPED=_group(tiles, p.dtype),
+        GROUPED=_group(layout.tiles, p.dtype),
     )  # fmt: skip
-    return _scan_plan(kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+    return _scan_plan(kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
 
 def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor:
@@ -455,9 +501,8 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
             A=p.num_actions, AP=_pow2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype),
             GROUPED=_group_major(tiles, p.dtype) if grouped else 0,
         )  # fmt: skip
-        return _scan_plan(
-            fused.retrace_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, lookback=True, cached=cached
-        )
+        layout = _layout(p.num_envs, p.seq_len, tiles, "retrace")
+        return _scan_plan(fused.retrace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(
         _cached_plan(p.plans, ("retrace",), build),
@@ -474,12 +519,14 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
     out = p.new_output()
 
     def build(cached: bool) -> _Plan:
-        tiles = scan_tiles("returns" if t.get("next_values") is None else "returns_nv", p.num_envs, p.seq_len)
+        kind = "returns" if t.get("next_values") is None else "returns_nv"
+        layout = scan_layout(kind, p.num_envs, p.seq_len)
         constexprs = dict(
             HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
-            HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype), GROUPED=_group(tiles, p.dtype),
+            HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype),
+            GROUPED=_group(layout.tiles, p.dtype),
         )  # fmt: skip
-        return _scan_plan(fused.returns_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+        return _scan_plan(fused.returns_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(
         _cached_plan(p.plans, ("returns",), build),
@@ -496,8 +543,8 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
 
     def build(cached: bool) -> _Plan:
         constexprs = dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype))
-        tiles = scan_tiles("forward", p.num_envs, p.seq_len)
-        return _scan_plan(fused.forward_trace_kernel, p.num_envs, p.seq_len, p.device, constexprs, tiles, cached=cached)
+        layout = scan_layout("forward", p.num_envs, p.seq_len)
+        return _scan_plan(fused.forward_trace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(
         _cached_plan(p.plans, ("forward_trace", starts_at), build),
