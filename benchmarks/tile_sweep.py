@@ -81,7 +81,7 @@ def _effective(fn: str, n: int, t: int) -> tuple:
     """What the launcher would run for ``fn`` at (n, t) under the current policy."""
     if fn == "compute_retrace":
         tiles, grouped = launch.retrace_tiles(n, t, specs.NUM_ACTIONS)
-        layout = launch._layout(n, t, tiles, "retrace")
+        layout = launch._layout(n, t, tiles, "retrace", launch._retrace_block_warps)
     else:
         layout = launch.scan_layout(_SCAN_KIND[fn], n, t)
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")

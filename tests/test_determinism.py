@@ -35,7 +35,7 @@ def test_lookback_long_rows_repeatable_on_gpu(monkeypatch, fn):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (timing-dependent interleavings)")
     monkeypatch.setattr(launch, "_LOOKBACK", True)
-    monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 64)  # several windows per row: the chain is exercised
+    monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 64)  # several windows per row: their fold is exercised
     x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(2, 1 << 20, "cuda").items()}
     first = CALLS[fn](x)
     for _ in range(10):

@@ -1,8 +1,9 @@
 """Multi-block scans (rows split into time blocks), forced on small shapes (32-step chunks, every row
 split) so the interpreter and the GPU exercise them, against the PyTorch path in float64: the
 two-pass form (an aggregate pass, then a pass that folds the aggregates before each block and
-rescans it) and the one-pass look-back (one env per program; windows of 4 blocks so that the chain
-of inclusive prefixes across windows is exercised, or one window)."""
+rescans it) and the one-pass look-back (one env per program; windows of 4 blocks so that the fold of
+the aggregates of earlier windows is exercised, or one window); blocks of one walked chunk or of two
+(the longer blocks some kernels take, launch._SPLIT_POLICY), loop-free or walked."""
 
 import pytest
 import torch
@@ -182,6 +183,9 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 16, False)  # at most 1024 blocks
     assert launch.scan_tiles("vtrace", 4096, 4096).warps == 16
     assert launch.scan_tiles("returns_nv", 4096, 4096).warps == 8
+    monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 16)  # 512 blocks: windows of 32, so at most 32 windows
+    plan = launch._scan_plan(gae, 1, torch.device("cpu"), {"ACC": None}, launch.scan_layout("gae", 1, 1 << 20))
+    assert plan.launches[0][1]["NKP"] == 32
     monkeypatch.setattr(launch, "_ONE_CHUNK", False)
     assert _phases("gae", gae, 4096, 512) == (512, [(0, False)])
     monkeypatch.setattr(launch, "_LOOKBACK", False)

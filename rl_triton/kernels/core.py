@@ -301,19 +301,37 @@ def block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_A, b_carry, PHASE: tl.const
 
 
 @triton.jit
+def _fold_published(p_agg_a, p_agg_b, p_flag, o_b, m_b, LEVEL: tl.constexpr):
+    """Wait until the blocks ``o_b`` (where ``m_b``) have published their level-``LEVEL`` aggregates
+    (flag >= LEVEL), then fold them in order: (A, B) [1], the identity where none is selected."""
+    f = tl.load(p_flag + o_b, mask=m_b, other=LEVEL, volatile=True)
+    while tl.min(f, 0) < LEVEL:
+        f = tl.load(p_flag + o_b, mask=m_b, other=LEVEL, volatile=True)
+    m_b = m_b & (f >= LEVEL)  # the loads below depend on the flags, so they cannot run ahead of them
+    b_A, b_B = tl.associative_scan(
+        (tl.load(p_agg_a + o_b, mask=m_b, other=1, volatile=True),
+         tl.load(p_agg_b + o_b, mask=m_b, other=0, volatile=True)),
+        0, linear_combine,
+    )  # fmt: skip
+    return _edge(b_A, 0, False, True), _edge(b_B, 0, False, True)
+
+
+@triton.jit
 def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.constexpr, S: tl.constexpr):
     """PHASE 3: the (A, B) of everything before time block ``i_k`` of env ``i_n`` (one env per program),
     given the block's own aggregate (b_Al, b_Bl) [1]. Deterministic: the blocks are cut into windows
-    of S; the state before block k is the inclusive prefix published by the last block of the
-    previous window, then the aggregates of the blocks of k's window before k folded by one
-    tl.associative_scan of fixed shape. Which values are combined, and in which order, depends only
-    on k, never on which blocks happened to finish first (a classic decoupled look-back would make
-    the rounding, and so the outputs, vary from call to call).
+    of S (at most S windows per row: the launcher picks S >= sqrt(NK)); the last block of each window
+    publishes the window's aggregate, which depends on that window alone; the state before block k
+    is the fold of the aggregates of the windows before k's, then of the blocks of k's window before
+    k, each by a tl.associative_scan of fixed shape. Which values are combined, and in which order,
+    depends only on k, never on which blocks happened to finish first (a classic decoupled
+    look-back would make the rounding, and so the outputs, vary from call to call); and no block
+    waits on a chain of windows, only on the blocks and windows before it.
 
-    [2, N, NK] buffers: p_agg_* [0] aggregates, [1] inclusive prefixes (written by the last block of
-    each window only); p_flag [N * NK] int32: 1 once the aggregate is stored, 2 once the inclusive
-    prefix is. A block publishes its aggregate before it waits, and waits only for blocks with
-    smaller tickets, which have started; so every wait ends."""
+    [2, N, NK] buffers: p_agg_* [0] block aggregates, [1] window aggregates (stored at the window's
+    last block); p_flag [N * NK] int32: 1 once the block's aggregate is stored, 2 once its window's
+    is. A block publishes its aggregate (and its window's) before it waits, and waits only for blocks
+    with smaller tickets, which have started; so every wait ends."""
     o1 = tl.arange(0, 1)
     row = i_n.to(tl.int64) * NK
     inc = N.to(tl.int64) * NK
@@ -321,38 +339,21 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.cons
     tl.store(p_agg_a + me, b_Al)
     tl.store(p_agg_b + me, b_Bl)
     tl.atomic_xchg(p_flag + me, tl.full([1], 1, tl.int32), sem="release")
-    # the aggregates of this window before the block, once all are published
+    # the blocks of this window before this one
+    o_s = tl.arange(0, S)
     base = (i_k // S) * S
-    o_w = base + tl.arange(0, S)
-    m_w = o_w < i_k
-    f = tl.load(p_flag + row + o_w, mask=m_w, other=1, volatile=True)
-    while tl.min(f, 0) < 1:
-        f = tl.load(p_flag + row + o_w, mask=m_w, other=1, volatile=True)
-    m_w = m_w & (f >= 1)  # the loads below depend on the flags, so they cannot run ahead of them
-    b_wA, b_wB = tl.associative_scan(
-        (tl.load(p_agg_a + row + o_w, mask=m_w, other=1, volatile=True),
-         tl.load(p_agg_b + row + o_w, mask=m_w, other=0, volatile=True)),
-        0, linear_combine,
-    )  # fmt: skip
-    wA = _edge(b_wA, 0, False, False)
-    wB = _edge(b_wB, 0, False, False)
-    # the inclusive prefix up to the end of the previous window
+    wA, wB = _fold_published(p_agg_a + row, p_agg_b + row, p_flag + row, base + o_s, base + o_s < i_k, 1)
+    if i_k % S == S - 1:  # the window's last block: publish the window's aggregate
+        tl.store(p_agg_a + inc + me, b_Al * wA)
+        tl.store(p_agg_b + inc + me, b_Al * wB + b_Bl)
+        tl.atomic_xchg(p_flag + me, tl.full([1], 2, tl.int32), sem="release")
+    # the windows before this one (window j's aggregate sits at its last block, j * S + S - 1)
     b_pA = tl.full([1], 1.0, ACC)
     b_pB = tl.zeros([1], ACC)
     if base > 0:
-        prev = row + base - 1 + o1
-        g = tl.load(p_flag + prev, volatile=True)
-        while tl.min(g, 0) < 2:
-            g = tl.load(p_flag + prev, volatile=True)
-        b_pA = tl.load(p_agg_a + inc + prev, mask=g >= 2, other=1, volatile=True).to(ACC)
-        b_pB = tl.load(p_agg_b + inc + prev, mask=g >= 2, other=0, volatile=True).to(ACC)
-    b_Apre = wA * b_pA
-    b_Bpre = wA * b_pB + wB
-    if i_k % S == S - 1:
-        tl.store(p_agg_a + inc + me, b_Al * b_Apre)
-        tl.store(p_agg_b + inc + me, b_Al * b_Bpre + b_Bl)
-        tl.atomic_xchg(p_flag + me, tl.full([1], 2, tl.int32), sem="release")
-    return b_Apre, b_Bpre
+        o_v = o_s * S + (S - 1)
+        b_pA, b_pB = _fold_published(p_agg_a + inc + row, p_agg_b + inc + row, p_flag + row, o_v, o_s < i_k // S, 2)
+    return wA * b_pA, wA * b_pB + wB
 
 
 @triton.jit

@@ -269,7 +269,7 @@ def _scratch(split: tuple, args: tuple) -> tuple:
         dummy = args[0]
         return ((dummy, dummy, dummy, 1, split[1]),)
     if kind == 3:
-        # one chunk per time block; [2, N, NK] aggregates and inclusive prefixes, N * NK flags + a ticket
+        # one chunk per time block; [2, N, NK] block and window aggregates, N * NK flags + a ticket
         _, n, nk, acc = split
         device = args[0].device
         agg_a = torch.empty((2, n, nk), dtype=acc, device=device)
@@ -322,7 +322,7 @@ _TARGET_PROGRAMS = 1024  # H200: 132 SMs, several resident programs each
 _MAX_BLOCKS = 1024  # PHASE 2 folds up to this many aggregates per row in registers
 _MIN_CHUNKS_PER_BLOCK = 1
 _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
-_LOOKBACK_WINDOW = 256  # PHASE 3: blocks folded by each program (core.lookback)
+_LOOKBACK_WINDOW = 256  # PHASE 3: blocks per window (core.lookback; raised to sqrt(blocks) if that is more)
 # Per kernel: (chunk of a time block in units of the walked chunk, look-back or two passes).
 # Measured on the H200 with loop-free blocks (benchmarks/results/tile_sweep_long_h200.json, NOTES.md
 # "Performance"): the look-back won for every kernel but the forward traces (16x1,048,576: GAE 0.71
@@ -372,8 +372,8 @@ def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
 
 def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) -> Layout:
     """The layout of a launch whose single-pass tiles are ``tiles``; ``split_key`` names the kernel's
-    _SPLIT_POLICY entry and ``warps_for(bt)`` the warps of a one-env chunk of ``bt`` steps (for
-    block chunks longer than the walked ones)."""
+    _SPLIT_POLICY entry and ``warps_for(bt)`` the warps of a one-env time block of ``bt`` steps
+    (None: blocks keep the single-pass tiles)."""
     n_chunks = _cdiv(t_len, tiles.bt)
     nk, cpb = _time_blocks(_cdiv(n, tiles.bn), n_chunks)
     if nk == 1:
@@ -381,7 +381,7 @@ def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) ->
     factor, lookback = _SPLIT_POLICY[split_key]
     factor = min(factor if _SPLIT_FACTOR is None else _SPLIT_FACTOR, _ONE_CHUNK_FACTOR)
     lookback = lookback if _LOOKBACK is None else _LOOKBACK
-    if factor > 1 and warps_for is not None:
+    if warps_for is not None and (factor > 1 or tiles.bn == 1):
         bt = tiles.bt * factor
         warps = warps_for(bt) if _SPLIT_WARPS is None else _SPLIT_WARPS
         tiles, n_chunks = Tiles(1, bt, warps), _cdiv(t_len, bt)
@@ -415,6 +415,8 @@ def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached:
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
     if layout.lookback:
         window = min(_pow2(nk), _LOOKBACK_WINDOW)
+        while window * window < nk:  # core.lookback folds at most `window` windows
+            window *= 2
         launch = ((n * nk, 1), {**constexprs, "PHASE": 3, "ONE": one, "NKP": window}, tiles.warps)
         return _Plan(kernel, device, [launch], (3, n, nk, acc), cached)
     nkp = _pow2(nk)
@@ -490,6 +492,12 @@ def retrace_tiles(n: int, t: int, num_actions: int) -> tuple[Tiles, bool]:
     return tiles, few_actions and _grouped(tiles)
 
 
+def _retrace_block_warps(bt: int) -> int:
+    """Retrace's time blocks take _WARPS_LONG warps whatever the actions (16x1,048,576, A = 4: 0.57 of
+    copy with 4 warps, 0.50 with 8; tile_sweep_long*_h200.json)."""
+    return _WARPS_LONG
+
+
 def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
     t = p.tensors
     probs = t["action_probs_target"]
@@ -501,7 +509,7 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
             A=p.num_actions, AP=_pow2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype),
             GROUPED=_group_major(tiles, p.dtype) if grouped else 0,
         )  # fmt: skip
-        layout = _layout(p.num_envs, p.seq_len, tiles, "retrace")
+        layout = _layout(p.num_envs, p.seq_len, tiles, "retrace", _retrace_block_warps)
         return _scan_plan(fused.retrace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(
