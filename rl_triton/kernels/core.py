@@ -238,70 +238,6 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
     return b_x, b_xn, b_carry_new, b_Ac
 
 
-@triton.jit
-def _join_planes(x0, x1, x2, x3, x4, x5, x6, x7, S: tl.constexpr):
-    """The planes of a grouped tile (S = 4 or 8 steps per group; x4..x7 unused for 4) -> the tile."""
-    if S == 8:
-        return _join8(x0, x1, x2, x3, x4, x5, x6, x7)
-    return _join4(x0, x1, x2, x3)
-
-
-@triton.jit
-def scan_parts(b_a, b_b, REVERSE: tl.constexpr, GROUPED: tl.constexpr, NEXT: tl.constexpr):
-    """The chunk scan with the carry left open (PHASE 3 learns it only after publishing the chunk's
-    aggregate): tiles (B, A) with x = B + A * carry at every slot, the same for the state one step
-    earlier in processing order (NEXT; else copies of the first two), and the chunk's aggregate
-    (A, B) [BN]. One scan where :func:`scan_chunk` / :func:`scan_chunk_next` would need two."""
-    if GROUPED > 0:
-        A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7 = _group_maps(b_a, b_b)
-        iA, iB, nA, nB = tl.associative_scan(
-            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, linear_combine_next
-        )
-        S: tl.constexpr = b_a.shape[2]
-        # the state entering group g is nA c + nB, so x_j = A_j nA c + (A_j nB + B_j)
-        b_xB = _join_planes(A0 * nB + B0, A1 * nB + B1, A2 * nB + B2, A3 * nB + B3,
-                            A4 * nB + B4, A5 * nB + B5, A6 * nB + B6, A7 * nB + B7, S)  # fmt: skip
-        b_xA = _join_planes(A0 * nA, A1 * nA, A2 * nA, A3 * nA, A4 * nA, A5 * nA, A6 * nA, A7 * nA, S)
-        b_nB = b_xB
-        b_nA = b_xA
-        if NEXT:
-            if S == 8:
-                b_nB = _join8(A1 * nB + B1, A2 * nB + B2, A3 * nB + B3, A4 * nB + B4,
-                              A5 * nB + B5, A6 * nB + B6, A7 * nB + B7, nB)  # fmt: skip
-                b_nA = _join8(A1 * nA, A2 * nA, A3 * nA, A4 * nA, A5 * nA, A6 * nA, A7 * nA, nA)
-            else:
-                b_nB = _join4(A1 * nB + B1, A2 * nB + B2, A3 * nB + B3, nB)
-                b_nA = _join4(A1 * nA, A2 * nA, A3 * nA, nA)
-        b_Ac = _edge(iA, 0, False, False)
-        b_Bc = _edge(iB, 0, False, False)
-    elif GROUPED < 0:
-        a0, a1, a2, a3 = _split4(b_a)
-        b0, b1, b2, b3 = _split4(b_b)
-        A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3)
-        iA, iB, nA, nB = tl.associative_scan(
-            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
-        )
-        b_xB = _join4(A0 * nB + B0, A1 * nB + B1, A2 * nB + B2, A3 * nB + B3)
-        b_xA = _join4(A0 * nA, A1 * nA, A2 * nA, A3 * nA)
-        b_nB = _join4(A1 * nB + B1, A2 * nB + B2, A3 * nB + B3, nB)
-        b_nA = _join4(A1 * nA, A2 * nA, A3 * nA, nA)
-        b_Ac = _edge(iA, 1, False, False)
-        b_Bc = _edge(iB, 1, False, False)
-    else:
-        if NEXT:
-            b_xA, b_xB, b_nA, b_nB = tl.associative_scan(
-                (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
-                linear_combine_next, reverse=REVERSE,
-            )  # fmt: skip
-        else:
-            b_xA, b_xB = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE)
-            b_nA = b_xA
-            b_nB = b_xB
-        b_Ac = _edge(b_xA, 1, REVERSE, False)
-        b_Bc = _edge(b_xB, 1, REVERSE, False)
-    return b_xB, b_xA, b_nB, b_nA, b_Ac, b_Bc
-
-
 # Multi-block scans. One program per (env block, time block) when rows are long and envs few:
 #   PHASE 0: single pass, the program walks the whole row (CPB = all chunks, one time block).
 #   PHASE 1: each program scans its time block from a zero state and stores the block's aggregate
@@ -421,18 +357,15 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.cons
 
 
 @triton.jit
-def lookback_scan(b_a, b_b, b_init, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, REVERSE: tl.constexpr,
-                  GROUPED: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, NEXT: tl.constexpr):  # fmt: skip
-    """PHASE 3 (one chunk per time block, one env per program): the chunk's states x (and, with NEXT,
-    the states one step earlier in processing order) from one scan of the (a, b) in registers whose
-    aggregate is published to :func:`lookback` before the carry is known; the state entering the
-    block is A_pre * b_init + B_pre ([1]: 0 for the reverse recurrences, the seed for the forward
-    ones)."""
+def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
+                    GROUPED: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr):  # fmt: skip
+    """PHASE 3 (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
+    in registers, then :func:`lookback`. Returns (A, B) of everything before the block [1]."""
     tl.static_assert(o_n.shape[0] == 1, "PHASE 3 takes one env per program")
-    b_xB, b_xA, b_nB, b_nA, b_Ac, b_Bc = scan_parts(b_a, b_b, REVERSE, GROUPED, NEXT)
-    b_Apre, b_Bpre = lookback(p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Ac, b_Bc, ACC, S)
-    c = tl.sum(b_Apre * b_init + b_Bpre, 0)  # [1] -> scalar: broadcast over any tile form for free
-    return b_xB + b_xA * c, b_nB + b_nA * c
+    b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, GROUPED)
+    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, GROUPED)
+    i_n = tl.sum(o_n, 0)
+    return lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED), ACC, S)
 
 
 @triton.jit

@@ -97,12 +97,12 @@ def gae_kernel(
         b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
         if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
-            b_x, _xn = core.lookback_scan(
-                b_a, b_b, tl.zeros([BN], ACC), p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, True, GROUPED, ACC, NKP, False
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
             )
-        else:
-            b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
-            b_Ablk *= b_Ac
+            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
+        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
+        b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_adv + off, b_x, mask=m)
     b_carry = core.carry_row(b_carry, GROUPED)
@@ -168,12 +168,12 @@ def vtrace_kernel(
         b_a = tl.where(m, b_a, 1.0)
         b_b = tl.where(m, b_b, 0.0)
         if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
-            b_d, b_d1 = core.lookback_scan(
-                b_a, b_b, tl.zeros([BN], ACC), p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, True, GROUPED, ACC, NKP, True
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
             )
-        else:
-            b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
-            b_Ablk *= b_Ac
+            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
+        b_Ablk *= b_Ac
         if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
             b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
         else:
@@ -277,12 +277,12 @@ def retrace_kernel(
         b_a = tl.where(m, b_a, 1.0)
         b_b = tl.where(m, b_b, 0.0)
         if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
-            b_d, b_d1 = core.lookback_scan(
-                b_a, b_b, tl.zeros([BN], ACC), p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, True, GROUPED, ACC, NKP, True
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
             )
-        else:
-            b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
-            b_Ablk *= b_Ac
+            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
+        b_Ablk *= b_Ac
         b_q1 = tl.load(p_q + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
         b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
         if PHASE != 1:
@@ -329,12 +329,12 @@ def returns_kernel(
         b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
         b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
         if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
-            b_g, _gn = core.lookback_scan(
-                b_a, b_b, tl.zeros([BN], ACC), p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, True, GROUPED, ACC, NKP, False
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
             )
-        else:
-            b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
-            b_Ablk *= b_Ac
+            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
+        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
+        b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_g + off, b_g, mask=m)
     b_carry = core.carry_row(b_carry, GROUPED)
@@ -375,12 +375,12 @@ def forward_trace_kernel(
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
         if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
-            b_y, _yn = core.lookback_scan(
-                b_a, b_b, b_seed, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, False, False, ACC, NKP, False
+            b_apre3, b_bpre3 = core.lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, False, False, ACC, NKP
             )
-        else:
-            b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, False)
-            b_Ablk *= b_Ac
+            b_carry = core.carry_tile(b_bpre3 + b_apre3 * b_seed, BT, False)
+        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, False)
+        b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_out + off, b_y, mask=m)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
