@@ -86,7 +86,7 @@ def _effective(fn: str, n: int, t: int) -> tuple:
         layout = launch.scan_layout(_SCAN_KIND[fn], n, t)
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
         grouped = 0 if forward else launch._group(layout.tiles, torch.float32)
-    return (*layout.tiles, layout.nk, layout.cpb, grouped, layout.nk > 1 and layout.lookback)
+    return (*layout.tiles, layout.nk, layout.cpb, grouped, layout.nk > 1 and layout.lookback, layout.window)
 
 
 def _grid(grid: dict) -> list[dict]:
@@ -147,7 +147,7 @@ def sweep_shape(
         if spec.name == "compute_retrace":
             row["num_actions"] = specs.NUM_ACTIONS
         row |= {"bn": eff[0], "bt": eff[1], "warps": eff[2], "nk": eff[3], "cpb": eff[4], "grouped": eff[5]}
-        row |= {"lookback": eff[6]}
+        row |= {"lookback": eff[6], "window": eff[7]}
         row |= {"knobs": knobs}
         seen[eff] = row
         rows.append(row)

@@ -180,7 +180,9 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert _phases("vtrace", vtrace, 16, 1 << 20) == (1024, [(3, True)])
     assert _phases("forward", fwd, 16, 1 << 20) == (1024, [(1, True), (2, True)])
     assert launch.scan_layout("forward", 16, 1 << 20).nk == 1024  # one chunk per block
-    assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 16, False)  # at most 1024 blocks
+    assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 16, False, 1)  # at most 1024 blocks
+    assert launch.scan_layout("vtrace", 1, 1 << 24)[1:] == (16384, 1, True, 256)
+    assert launch.scan_layout("gae", 1, 1 << 24)[1:] == (8192, 1, True, 128)  # 64 raised to sqrt(8192)
     assert launch.scan_tiles("vtrace", 4096, 4096).warps == 16
     assert launch.scan_tiles("returns_nv", 4096, 4096).warps == 8
     monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 16)  # 512 blocks: windows of 32, so at most 32 windows
@@ -192,7 +194,7 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert _phases("gae", gae, 1, 1 << 20) == (2048, [(1, True), (2, True)])
     monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", False)  # blocks of several chunks, from _TARGET_PROGRAMS
     assert _phases("gae", gae, 16, 1 << 20) == (2048, [(1, False), (2, False)])
-    assert launch.scan_layout("gae", 16, 1 << 20)[1:] == (64, 8, False)
+    assert launch.scan_layout("gae", 16, 1 << 20)[1:] == (64, 8, False, 1)
 
 
 @pytest.mark.parametrize("shape", [(2, 1500), (2, 3000)], ids=["N2-T1500", "N2-T3000"])

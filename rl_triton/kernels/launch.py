@@ -322,26 +322,29 @@ _TARGET_PROGRAMS = 1024  # H200: 132 SMs, several resident programs each
 _MAX_BLOCKS = 1024  # PHASE 2 folds up to this many aggregates per row in registers
 _MIN_CHUNKS_PER_BLOCK = 1
 _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
-_LOOKBACK_WINDOW = 256  # PHASE 3: blocks per window (core.lookback; raised to sqrt(blocks) if that is more)
-# Per kernel: (chunk of a time block in units of the walked chunk, look-back or two passes).
-# Measured on the H200 with loop-free blocks (benchmarks/results/tile_sweep_long_h200.json, NOTES.md
-# "Performance"): the look-back won for every kernel but the forward traces (16x1,048,576: GAE 0.71
-# of copy vs 0.68 two-pass, V-trace 0.77 vs 0.69, Retrace 0.57 vs 0.35; traces 0.51 two-pass with one
-# chunk per block vs 0.47 look-back); 2048-step blocks won for GAE and the returns (1x16,777,216:
-# GAE 0.46 vs 0.43, discounted 0.43 vs 0.34), 1024-step ones for V-trace (0.51 vs 0.43).
+# Per kernel: (chunk of a time block in units of the walked chunk, look-back or two passes, blocks
+# per look-back window: core.lookback, raised to sqrt(blocks) where that is more). Measured on the
+# H200 with loop-free blocks (benchmarks/results/tile_sweep_long*_h200.json, NOTES.md "Performance"):
+# the look-back won for every kernel but the forward traces (16x1,048,576: GAE 0.71-0.75 of copy vs
+# 0.68-0.70 two-pass, V-trace 0.74-0.78 vs 0.69, Retrace 0.55-0.57 vs 0.47; traces 0.51 two-pass
+# vs 0.47 look-back); 2048-step blocks for GAE and discounted returns (1x16,777,216: GAE 0.46-0.50
+# vs 0.43-0.44), 4096 for TD(lambda) (16x1,048,576: 0.51 vs 0.47), 1024 for V-trace and Retrace (V-trace
+# 1x16,777,216: 0.49-0.51 vs 0.43-0.47); windows of 64 blocks for GAE (16x1,048,576: 0.75 vs 0.68),
+# 256 for the others (V-trace 64x262,144: 0.84-0.86 vs 0.78-0.79).
 _SPLIT_POLICY = {
-    "gae": (2, True),
-    "vtrace": (1, True),
-    "returns": (2, True),
-    "returns_nv": (2, True),
-    "forward": (1, False),
-    "retrace": (1, True),
+    "gae": (2, True, 64),
+    "vtrace": (1, True, 256),
+    "returns": (2, True, 256),
+    "returns_nv": (4, True, 256),
+    "forward": (1, False, 256),
+    "retrace": (1, True, 256),
 }
 # Sweep overrides (None: the kernel's policy): the block chunk factor of _SPLIT_POLICY (capped by
-# _ONE_CHUNK_FACTOR, as one-chunk rows are), the look-back (True / False: always / never), and the
-# warps of blocks longer than a walked chunk (else _chunk_warps).
+# _ONE_CHUNK_FACTOR, as one-chunk rows are), the look-back (True / False: always / never), its
+# window, and the warps of blocks longer than a walked chunk (else _chunk_warps).
 _SPLIT_FACTOR: int | None = None
 _LOOKBACK: bool | None = None
+_LOOKBACK_WINDOW: int | None = None
 _SPLIT_WARPS: int | None = None
 # Rows of one chunk run loop-free (ONE in kernels/core.py); False: the chunk loop (sweeps).
 _ONE_CHUNK = True
@@ -353,12 +356,13 @@ _ONE_CHUNK_BLOCKS = True
 
 class Layout(NamedTuple):
     """How a fused kernel covers an [N, T] launch: tiles, time blocks per row (1: single pass),
-    chunks per block, and whether a multi-block launch is the one-pass look-back."""
+    chunks per block, and whether a multi-block launch is the one-pass look-back, with its window."""
 
     tiles: Tiles
     nk: int
     cpb: int
     lookback: bool
+    window: int = 1
 
 
 def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
@@ -378,9 +382,10 @@ def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) ->
     nk, cpb = _time_blocks(_cdiv(n, tiles.bn), n_chunks)
     if nk == 1:
         return Layout(tiles, 1, cpb, False)
-    factor, lookback = _SPLIT_POLICY[split_key]
+    factor, lookback, window = _SPLIT_POLICY[split_key]
     factor = min(factor if _SPLIT_FACTOR is None else _SPLIT_FACTOR, _ONE_CHUNK_FACTOR)
     lookback = lookback if _LOOKBACK is None else _LOOKBACK
+    window = window if _LOOKBACK_WINDOW is None else _LOOKBACK_WINDOW
     if warps_for is not None and (factor > 1 or tiles.bn == 1):
         bt = tiles.bt * factor
         warps = warps_for(bt) if _SPLIT_WARPS is None else _SPLIT_WARPS
@@ -388,7 +393,10 @@ def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) ->
         if n_chunks == 1:
             return Layout(tiles, 1, 1, False)
     if lookback and tiles.bn == 1:
-        return Layout(tiles, n_chunks, 1, True)
+        window = min(_pow2(n_chunks), window)
+        while window * window < n_chunks:  # core.lookback folds at most `window` windows
+            window *= 2
+        return Layout(tiles, n_chunks, 1, True, window)
     if _ONE_CHUNK_BLOCKS:
         cpb = _cdiv(n_chunks, _MAX_BLOCKS)
         return Layout(tiles, _cdiv(n_chunks, cpb), cpb, False)
@@ -414,10 +422,7 @@ def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached:
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
     if layout.lookback:
-        window = min(_pow2(nk), _LOOKBACK_WINDOW)
-        while window * window < nk:  # core.lookback folds at most `window` windows
-            window *= 2
-        launch = ((n * nk, 1), {**constexprs, "PHASE": 3, "ONE": one, "NKP": window}, tiles.warps)
+        launch = ((n * nk, 1), {**constexprs, "PHASE": 3, "ONE": one, "NKP": layout.window}, tiles.warps)
         return _Plan(kernel, device, [launch], (3, n, nk, acc), cached)
     nkp = _pow2(nk)
     launches = [
