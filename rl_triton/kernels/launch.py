@@ -323,21 +323,23 @@ _MAX_BLOCKS = 1024  # PHASE 2 folds up to this many aggregates per row in regist
 _MIN_CHUNKS_PER_BLOCK = 1
 _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # Per kernel: (chunk of a time block in units of the walked chunk, look-back or two passes, blocks
-# per look-back window: core.lookback, raised to sqrt(blocks) where that is more). Measured on the
-# H200 with loop-free blocks (benchmarks/results/tile_sweep_long*_h200.json, NOTES.md "Performance"):
-# the look-back won for every kernel but the forward traces (16x1,048,576: GAE 0.71-0.75 of copy vs
-# 0.68-0.70 two-pass, V-trace 0.74-0.78 vs 0.69, Retrace 0.55-0.57 vs 0.47; traces 0.51 two-pass
-# vs 0.47 look-back); 2048-step blocks for GAE and discounted returns (1x16,777,216: GAE 0.46-0.50
-# vs 0.43-0.44), 4096 for TD(lambda) (16x1,048,576: 0.51 vs 0.47), 1024 for V-trace and Retrace (V-trace
-# 1x16,777,216: 0.49-0.51 vs 0.43-0.47); windows of 64 blocks for GAE (16x1,048,576: 0.75 vs 0.68),
-# 256 for the others (V-trace 64x262,144: 0.84-0.86 vs 0.78-0.79).
+# per look-back window: core.lookback, raised to sqrt(blocks) where that is more, warps of a block
+# longer than a walked chunk: None for _chunk_warps). Measured on the H200 with loop-free blocks
+# (benchmarks/results/tile_sweep_long*_h200.json, NOTES.md "Performance"): the look-back won for
+# every kernel but the forward traces (16x1,048,576: GAE 0.71-0.75 of copy vs 0.68-0.70 two-pass,
+# V-trace 0.74-0.78 vs 0.69, Retrace 0.55-0.57 vs 0.47; traces 0.51 two-pass vs 0.47 look-back);
+# 2048-step blocks for GAE, the returns and TD(lambda) (1x16,777,216: GAE 0.46-0.50 vs 0.43-0.44),
+# 1024 for V-trace and Retrace (V-trace 1x16,777,216: 0.49-0.51 vs 0.43-0.47); TD(lambda)'s with 2
+# warps (16x1,048,576: 0.55 vs 0.49 with 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5); windows
+# of 64 blocks for GAE (16x1,048,576: 0.75 vs 0.68), 256 for the others (V-trace 64x262,144: 0.84-0.86
+# vs 0.78-0.79).
 _SPLIT_POLICY = {
-    "gae": (2, True, 64),
-    "vtrace": (1, True, 256),
-    "returns": (2, True, 256),
-    "returns_nv": (4, True, 256),
-    "forward": (1, False, 256),
-    "retrace": (1, True, 256),
+    "gae": (2, True, 64, None),
+    "vtrace": (1, True, 256, None),
+    "returns": (2, True, 256, None),
+    "returns_nv": (2, True, 256, 2),
+    "forward": (1, False, 256, None),
+    "retrace": (1, True, 256, None),
 }
 # Sweep overrides (None: the kernel's policy): the block chunk factor of _SPLIT_POLICY (capped by
 # _ONE_CHUNK_FACTOR, as one-chunk rows are), the look-back (True / False: always / never), its
@@ -382,13 +384,16 @@ def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) ->
     nk, cpb = _time_blocks(_cdiv(n, tiles.bn), n_chunks)
     if nk == 1:
         return Layout(tiles, 1, cpb, False)
-    factor, lookback, window = _SPLIT_POLICY[split_key]
+    factor, lookback, window, block_warps = _SPLIT_POLICY[split_key]
     factor = min(factor if _SPLIT_FACTOR is None else _SPLIT_FACTOR, _ONE_CHUNK_FACTOR)
     lookback = lookback if _LOOKBACK is None else _LOOKBACK
     window = window if _LOOKBACK_WINDOW is None else _LOOKBACK_WINDOW
     if warps_for is not None and (factor > 1 or tiles.bn == 1):
         bt = tiles.bt * factor
-        warps = warps_for(bt) if _SPLIT_WARPS is None else _SPLIT_WARPS
+        if _SPLIT_WARPS is not None:
+            warps = _SPLIT_WARPS
+        else:  # the policy's block warps apply to its longer blocks, not to walked chunks
+            warps = block_warps if block_warps is not None and factor > 1 else warps_for(bt)
         tiles, n_chunks = Tiles(1, bt, warps), _cdiv(t_len, bt)
         if n_chunks == 1:
             return Layout(tiles, 1, 1, False)
