@@ -51,6 +51,10 @@ _GROUPED_FORMS = {
 }
 
 
+# Knobs that change the compiled kernel without changing the layout _effective reports.
+_KERNEL_KNOBS = ("_RETRACE_PIECES_MIN_AP", "_TICKET")
+
+
 @contextlib.contextmanager
 def policy(**knobs):
     if "_WARPS" in knobs:  # None: the launcher's own warps
@@ -77,15 +81,14 @@ _SCAN_KIND = {
 }  # fmt: skip
 
 
-def _effective(fn: str, n: int, t: int) -> tuple:
-    """What the launcher would run for ``fn`` at (n, t) under the current policy."""
+def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
+    """What the launcher would run for ``fn`` at (n, t) on ``dtype`` inputs under the current policy."""
     if fn == "compute_retrace":
-        tiles, grouped = launch.retrace_tiles(n, t, specs.NUM_ACTIONS)
-        layout = launch._layout(n, t, tiles, "retrace", launch._retrace_block_warps)
+        layout, grouped, _pieces = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
     else:
-        layout = launch.scan_layout(_SCAN_KIND[fn], n, t)
+        layout = launch.scan_layout(_SCAN_KIND[fn], n, t, dtype)
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
-        grouped = 0 if forward else launch._group(layout.tiles, torch.float32)
+        grouped = 0 if forward else launch._group(layout.tiles, dtype)
     return (*layout.tiles, layout.nk, layout.cpb, grouped, layout.nk > 1 and layout.lookback, layout.window)
 
 
@@ -125,11 +128,12 @@ def sweep_shape(
     for knobs in configs:
         with policy(**knobs):
             eff = (
-                *_effective(spec.name, n, t),
+                *_effective(spec.name, n, t, dtype),
                 knobs.get("_GROUP_16BIT"),
                 knobs.get("_ONE_CHUNK"),
                 knobs.get("_ONE_CHUNK_BLOCKS"),
                 knobs.get("_LOOKBACK_WINDOW"),
+                *(knobs.get(k) for k in _KERNEL_KNOBS),
             )
             if eff in seen:  # same tiles and split as a configuration already timed
                 rows.append({**seen[eff], "knobs": knobs, "duplicate": True})

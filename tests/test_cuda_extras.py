@@ -10,6 +10,7 @@ import torch
 
 import rl_triton as R
 from rl_triton.kernels import fused, launch
+from tests import reference
 from tests._helpers import equal_results
 from tests.test_multiblock import CALLS, _inputs
 
@@ -128,18 +129,78 @@ def test_no_recompilation_within_a_size_class():
         assert _cache_size(fused.gae_kernel) == before, (first, rest)
 
 
-@cuda
-@pytest.mark.slow
-@pytest.mark.skipif(
+big = pytest.mark.skipif(
     os.environ.get("RL_TRITON_SLOW") != "1", reason="slow: set RL_TRITON_SLOW=1 (needs ~30 GB of GPU memory)"
 )
-def test_more_than_2_31_elements():
-    n, t = 2**15 + 3, 2**16 + 1  # 2^31 + ~100k elements
-    r = torch.ones(n, t, device="cuda")
+
+
+@pytest.fixture
+def free_gpu_memory():
+    yield
+    torch.cuda.empty_cache()
+
+
+@cuda
+@pytest.mark.slow
+@big
+def test_more_than_2_31_elements(free_gpu_memory):
+    """Many envs, N * T > 2^31: random first and last rows (the last lies past 2^31) against the float64
+    reference of those rows; the rows between are zeros."""
+    n, t = 2**15 + 3, 2**16 + 1
+    r = torch.zeros(n, t, device="cuda")
     v = torch.zeros(n, t, device="cuda")
     term = torch.zeros(n, t, dtype=torch.bool, device="cuda")
-    adv = R.compute_gae(r, v, term, gamma=0.5, lambda_=1.0)
-    # A_t = sum_k 0.5^k over the remaining steps: 2 - 2^-(T-1-t); the last row lies past 2^31
-    expected_tail = 2 - 0.5 ** torch.arange(t - 1, -1, -1, device="cuda", dtype=torch.float64)
-    torch.testing.assert_close(adv[-1].double(), expected_tail, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(adv[0].double(), expected_tail, atol=1e-6, rtol=1e-6)
+    g = torch.Generator().manual_seed(0)
+    for row in (0, n - 1):
+        r[row], v[row] = torch.randn(2, t, generator=g).cuda()
+        term[row] = (torch.rand(t, generator=g) < 0.001).cuda()
+    adv = R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95)
+    for row in (0, n - 1):
+        want = reference.compute_gae(r[row].double().cpu(), v[row].double().cpu(), term[row].cpu(), gamma=0.99,
+                                     lambda_=0.95)  # fmt: skip
+        torch.testing.assert_close(adv[row].double().cpu(), want, atol=1e-4, rtol=1e-4)
+    assert not adv[1:-1].any()
+
+
+@cuda
+@pytest.mark.slow
+@big
+def test_one_row_longer_than_2_31_steps(free_gpu_memory):
+    """One row of 2^31 + 2^16 steps (the look-back across ~10^6 time blocks, int64 offsets): discounted
+    returns of random rewards in the first and last 2^16 steps (episodes of their own) against the
+    float64 reference, and of rewards 1 in between, whose returns are a geometric sum."""
+    h, gamma = 2**16, 0.999
+    t = 2**31 + h
+    r = torch.ones(1, t, device="cuda")
+    term = torch.zeros(1, t, dtype=torch.bool, device="cuda")
+    term[0, h - 1] = term[0, t - h - 1] = True
+    g = torch.Generator().manual_seed(1)
+    r[0, :h], r[0, t - h :] = torch.randn(2, h, generator=g).cuda()
+    out = R.compute_discounted_returns(r, term, gamma=gamma)
+    for seg in (slice(0, h), slice(t - h, t)):
+        want = reference.compute_discounted_returns(r[0, seg].double().cpu(), term[0, seg].cpu(), gamma=gamma)
+        # float32 rounding over ~1000-step horizons: returns up to ~60, errors up to ~5e-4 (a sequential
+        # float32 loop on the CPU is as far off); an indexing error would be off by the values themselves
+        torch.testing.assert_close(out[0, seg].double().cpu(), want, atol=2e-3, rtol=1e-4)
+    steps = torch.cat([torch.randint(h, t - h, (4096,), generator=g), torch.arange(t - 2 * h, t - h)])
+    k = (t - h - steps).double()  # steps to the end of the middle episode, the terminal step included
+    want = (1 - gamma**k) / (1 - gamma)
+    torch.testing.assert_close(out[0, steps.cuda()].double().cpu(), want, atol=0, rtol=1e-4)
+
+
+@cuda
+@pytest.mark.slow
+@big
+def test_forward_row_longer_than_2_31_steps(free_gpu_memory):
+    """Episodic prefix sums of ones on one row of 2^31 + 2^16 steps, an episode ending every 2^20
+    steps: every output is exact in float32, so the whole row is compared."""
+    period = 2**20
+    t = 2**31 + 2**16
+    x = torch.ones(1, t, device="cuda")
+    dones = torch.zeros(1, t, dtype=torch.bool, device="cuda")
+    dones[0, period - 1 :: period] = True
+    out = R.compute_episodic_prefix_sum(x, dones)[0]
+    del x, dones
+    full = (t // period) * period
+    assert (out[:full].view(-1, period) == torch.arange(1, period + 1, device="cuda").float()).all()
+    assert torch.equal(out[full:], torch.arange(1, t - full + 1, device="cuda").float())

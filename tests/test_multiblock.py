@@ -182,9 +182,9 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert _phases("gae", gae, 4096, 4096) == (1024, [(0, False)])
     assert _phases("vtrace", vtrace, 4096, 4096) == (4096, [(0, True)])
     assert _phases("vtrace", vtrace, 4096, 4097) == (1024, [(0, False)])
-    assert _phases("gae", gae, 1, 1 << 20) == (2048, [(3, True)])
-    assert _phases("gae", gae, 16, 1 << 20) == (2048, [(3, True)])
-    assert _phases("vtrace", vtrace, 16, 1 << 20) == (1024, [(3, True)])
+    assert _phases("gae", gae, 1, 1 << 20) == (2048, [(4, True)])  # look-back by program id
+    assert _phases("gae", gae, 16, 1 << 20) == (2048, [(4, True)])
+    assert _phases("vtrace", vtrace, 16, 1 << 20) == (1024, [(4, True)])
     assert _phases("forward", fwd, 16, 1 << 20) == (1024, [(1, True), (2, True)])
     assert launch.scan_layout("forward", 16, 1 << 20).nk == 1024  # one chunk per block
     assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 16, False, 1)  # at most 1024 blocks
@@ -192,11 +192,14 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert launch.scan_layout("gae", 1, 1 << 24)[1:] == (8192, 1, True, 128)  # 64 raised to sqrt(8192)
     assert launch.scan_tiles("vtrace", 4096, 4096).warps == 16
     assert launch.scan_tiles("returns_nv", 4096, 4096).warps == 8
+    assert launch.scan_tiles("gae", 4096, 4096, torch.bfloat16) == launch.Tiles(1, 4096, 8)  # 2-byte floats
     monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 16)  # 512 blocks: windows of 32, so at most 32 windows
     plan = launch._scan_plan(gae, 1, torch.device("cpu"), {"ACC": None}, launch.scan_layout("gae", 1, 1 << 20))
     assert plan.launches[0][1]["NKP"] == 32
     monkeypatch.setattr(launch, "_ONE_CHUNK", False)
     assert _phases("gae", gae, 4096, 512) == (512, [(0, False)])
+    monkeypatch.setattr(launch, "_TICKET", True)
+    assert _phases("gae", gae, 1, 1 << 20) == (2048, [(3, True)])
     monkeypatch.setattr(launch, "_LOOKBACK", False)
     assert _phases("gae", gae, 1, 1 << 20) == (2048, [(1, True), (2, True)])
     monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", False)  # blocks of several chunks, from _TARGET_PROGRAMS
@@ -214,3 +217,20 @@ def test_one_chunk_rows_match_reference(path, shape, fn):
         pytest.skip("tile policy of the kernel path")
     x = _inputs(*shape, path.device)
     _matches_torch_path(fn, x)
+
+
+@pytest.mark.parametrize("fn", list(CALLS))
+def test_lookback_numbered_by_ticket(path, monkeypatch, fn):
+    """The look-back with blocks numbered by an atomic ticket instead of the program id (PHASE 3,
+    launch._TICKET): 10 blocks of 32 steps in windows of 4."""
+    if not path.is_kernel:
+        pytest.skip("multi-block scans are a kernel-path feature")
+    knobs = {
+        "_MIN_CHUNKS_FOR_SPLIT": 2, "_TARGET_PROGRAMS": 4096, "_MAX_BT": 32, "_BLOCK": 32, "_ONE_CHUNK_FACTOR": 1,
+        "_LOOKBACK": True, "_LOOKBACK_WINDOW": 4, "_TICKET": True,
+    }  # fmt: skip
+    for knob, value in knobs.items():
+        monkeypatch.setattr(launch, knob, value)
+    layout = launch.scan_layout("gae", 1, 300)
+    assert layout.lookback and layout.nk == 10
+    _matches_torch_path(fn, _inputs(1, 300, path.device))

@@ -180,3 +180,30 @@ def test_golden_reference():
 
 def test_golden(path):
     _golden(rl_triton.compute_retrace, path.device)
+
+
+@pytest.mark.parametrize(
+    "form, shape, num_actions",
+    [
+        ("pieces", (3, 25), 1),
+        ("pieces", (3, 25), 3),
+        ("pieces", (3, 25), 7),
+        ("pieces", (2, 70), 18),
+        ("env-major", (300, 8), 4),
+        ("env-major", (70, 5), 3),
+    ],
+)
+def test_sweep_forms(path, monkeypatch, form, shape, num_actions):
+    """Tile forms on shapes where the policy would not choose them: one action tile per binary digit
+    of A for few actions (launch._RETRACE_PIECES_MIN_AP), env-major groups for short rows."""
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    from rl_triton.kernels import launch
+
+    if form == "pieces":
+        monkeypatch.setattr(launch, "_RETRACE_PIECES_MIN_AP", 1)
+        assert launch.retrace_layout(*shape, num_actions, torch.float32).pieces
+    else:
+        assert launch.retrace_layout(*shape, num_actions, torch.float32).group == -4
+    args, kwargs = make_case(shape, num_actions=num_actions, device=path.device)
+    check(FN, *args, **kwargs, **F32_TOL)

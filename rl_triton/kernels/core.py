@@ -247,6 +247,7 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 #   PHASE 3: one launch, one chunk per time block: each program scans its chunk, publishes the
 #            chunk's aggregate, learns the state entering its block from the blocks before it
 #            (lookback), and applies it to the chunk still in registers. Inputs are read once.
+#   PHASE 4: PHASE 3 with blocks numbered by program id instead of a ticket (env_block; sweeps).
 # ONE (constexpr, any phase): the program's block is one chunk (PHASE 0: rows of one chunk, T <= BT,
 # the common case; PHASE 3 always; PHASE 1/2 when CPB = 1). The chunk loop then has constant bounds,
 # so the compiler drops it, and with it the new carry and the chunk's aggregate that nothing reads
@@ -373,9 +374,15 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
     """The envs of this program: ids [BN], their mask, the offset of each row's first element (int64:
     N * T may exceed 2^31), and the program's time block. In PHASE 3 the (env block, time block) pair
     comes from a ticket (an atomic counter after the [N, NK] flags) instead of the program ids: blocks
-    take tickets in the order they start, so every block a program waits for has started."""
+    take tickets in the order they start, so every block a program waits for has started. PHASE 4 is
+    the same look-back numbered by program id instead (no atomic before the loads; relies on the GPU
+    starting programs in the order of their ids, as CUB's decoupled look-back does; a sweep form)."""
     if PHASE == 3:
         v = tl.atomic_add(p_flag + N.to(tl.int64) * NK, 1)
+        i_n = v // NK
+        i_k = v % NK
+    elif PHASE == 4:
+        v = tl.program_id(0)
         i_n = v // NK
         i_k = v % NK
     else:

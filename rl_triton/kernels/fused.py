@@ -96,7 +96,7 @@ def gae_kernel(
         b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
         b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
-        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
             )
@@ -167,7 +167,7 @@ def vtrace_kernel(
         )  # fmt: skip
         b_a = tl.where(m, b_a, 1.0)
         b_b = tl.where(m, b_b, 0.0)
-        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
             )
@@ -187,10 +187,21 @@ def vtrace_kernel(
 
 
 @triton.jit
+def _action_dot(p_w, p_nq, off, m, A: tl.constexpr, COL: tl.constexpr, W: tl.constexpr, ACC: tl.constexpr):
+    """sum over actions COL .. COL + W - 1 (those < A) of w[., a] * nq[., a], from [..., W] tiles."""
+    ax: tl.constexpr = len(off.shape)
+    o_a = COL + tl.arange(0, W)
+    off_a = tl.expand_dims(off, ax) * A + o_a
+    m_a = tl.expand_dims(m, ax) & (o_a < A)
+    b_w = tl.load(p_w + off_a, mask=m_a, other=0).to(ACC)
+    return tl.sum(b_w * tl.load(p_nq + off_a, mask=m_a, other=0).to(ACC), ax)
+
+
+@triton.jit
 def retrace_step(
     p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
     gamma, lmbda, c_bar, rho_bar,
-    A: tl.constexpr, AP: tl.constexpr, HAS_TRUNC: tl.constexpr, ACC: tl.constexpr,
+    A: tl.constexpr, AP: tl.constexpr, PIECES: tl.constexpr, HAS_TRUNC: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     """Retrace prologue at the steps ``o_t``: (a, b) of Delta_t = b + a Delta_{t+1}, plus
     (rho, r, q, term, boundary, E) for the epilogue."""
@@ -212,13 +223,17 @@ def retrace_step(
     b_pi1 = tl.load(p_pt + (off + 1) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
     b_ratio1 = b_pi1 / tl.load(p_pb + off + 1, mask=m1, other=1).to(ACC)
     b_c1 = tl.where(m1, lmbda * tl.minimum(b_ratio1, c_bar), 0.0)
-    # E_t = sum_a w[t, a] Q(s_{t+1}, a), from [..., AP] tiles: the A actions of a step are contiguous, so
+    # E_t = sum_a w[t, a] Q(s_{t+1}, a), from [..., W] tiles: the A actions of a step are contiguous, so
     # the rows load as vectors (A is a constexpr); a loop over actions loaded every A-th element instead.
-    ax: tl.constexpr = len(off.shape)
-    o_a = tl.arange(0, AP)
-    off_a = tl.expand_dims(off, ax) * A + o_a
-    m_a = tl.expand_dims(m, ax) & (o_a < A)
-    b_e = tl.sum(tl.load(p_w + off_a, mask=m_a, other=0).to(ACC) * tl.load(p_nq + off_a, mask=m_a, other=0).to(ACC), ax)
+    # PIECES: one tile per binary digit of A (18 = 16 + 2), no padded lanes; else one tile of AP.
+    if PIECES:
+        tl.static_assert(A < (1 << 21), "PIECES: at most 2^21 - 1 actions")
+        b_e = tl.zeros(off.shape, ACC)
+        for j in tl.static_range(21):  # digits from the highest: columns in order
+            if (A >> (20 - j)) & 1:
+                b_e += _action_dot(p_w, p_nq, off, m, A, (A >> (21 - j)) << (21 - j), 1 << (20 - j), ACC)
+    else:
+        b_e = _action_dot(p_w, p_nq, off, m, A, 0, AP, ACC)
     b_a = gamma * b_c1 * (1 - tl.maximum(b_term, b_trunc))
     b_b = b_r + gamma * (1 - b_term) * b_e - b_q
     return b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e
@@ -254,6 +269,7 @@ def retrace_kernel(
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     A: tl.constexpr,  # number of actions
     AP: tl.constexpr,  # A rounded up to a power of two (the action axis of the tiles)
+    PIECES: tl.constexpr,  # action tiles per binary digit of A instead of one padded to AP
     HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr,
     BT: tl.constexpr,
     NKP: tl.constexpr,
@@ -272,11 +288,11 @@ def retrace_kernel(
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
-            gamma, lmbda, c_bar, rho_bar, A, AP, HAS_TRUNC, ACC,
+            gamma, lmbda, c_bar, rho_bar, A, AP, PIECES, HAS_TRUNC, ACC,
         )  # fmt: skip
         b_a = tl.where(m, b_a, 1.0)
         b_b = tl.where(m, b_b, 0.0)
-        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
             )
@@ -328,7 +344,7 @@ def returns_kernel(
         b_disc = gamma * (1 - b_term)
         b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
         b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
-        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
             )
@@ -374,7 +390,7 @@ def forward_trace_kernel(
             b_done = load_flag(p_done, off - 1, m & (o_t >= 1), ACC)
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
-        if PHASE == 3:  # one chunk per block: the state entering it from the blocks before
+        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, False, False, ACC, NKP
             )

@@ -48,12 +48,21 @@ _SCAN_POLICY = {
     "returns_nv": (4, 8, 8),
     "forward": (4, 16, 8),
 }
+# 2-byte floats: GAE's rows of 4096 steps are one chunk too (8192x4096 bfloat16: 74 us, 0.82 of copy,
+# vs 90 us walked in 1024-step chunks; float32 keeps walking them, above; tile_sweep_bf16_8192_h200.json).
+_SCAN_POLICY_16BIT = {"gae": (4, 16, 8)}
 _ONE_CHUNK_FACTOR = 4
 # Retrace: steps per program scaled by _RETRACE_ACTIONS / (actions rounded up to a power of two),
-# at least _RETRACE_MIN_BLOCK.
+# at least _RETRACE_MIN_BLOCK; by _RETRACE_MANY_ACTIONS beyond _RETRACE_GROUPED_MAX_AP (padded) actions.
 _RETRACE_ACTIONS = 4
+_RETRACE_MANY_ACTIONS = 8
 _RETRACE_MIN_BLOCK = 128
-_RETRACE_GROUPED_MAX_AP = 8  # grouped tiles and 8 warps up to this many (padded) actions, plain and 4 beyond
+_RETRACE_GROUPED_MAX_AP = 8  # grouped tiles up to this many (padded) actions, plain beyond
+# Action tiles per binary digit of A (kernel constexpr PIECES: 18 = 16 + 2, no padded lanes) from this
+# many padded actions on, else one tile padded to a power of two; env-major groups for rows of <=
+# _ENV_MAJOR_MAX_BT steps (few actions). See retrace_tiles.
+_RETRACE_PIECES_MIN_AP = 16
+_RETRACE_ENV_MAJOR = True
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -79,22 +88,28 @@ def _tiles(n: int, t: int, block: int | None = None) -> Tiles:
     return Tiles(bn, bt, _WARPS_LONG if bt >= 512 else _WARPS_SHORT)
 
 
-def _chunk_warps(kind: str, bt: int) -> int:
+def _scan_policy(kind: str, dtype: torch.dtype | None) -> tuple:
+    if dtype is not None and dtype.itemsize == 2 and kind in _SCAN_POLICY_16BIT:
+        return _SCAN_POLICY_16BIT[kind]
+    return _SCAN_POLICY[kind]
+
+
+def _chunk_warps(kind: str, bt: int, dtype: torch.dtype | None = None) -> int:
     """Warps of a one-env program of ``bt`` steps: the kernel's elements per thread, at least
     _WARPS_LONG, at most its cap."""
-    _factor, per_thread, max_warps = _SCAN_POLICY[kind]
+    _factor, per_thread, max_warps = _scan_policy(kind, dtype)
     return min(max_warps, max(_WARPS_LONG, bt // (32 * per_thread)))
 
 
-def scan_tiles(kind: str, n: int, t: int) -> Tiles:
-    """Single-pass tiles of the fused scan kernel ``kind`` (a key of _SCAN_POLICY): those of
-    :func:`_tiles`, except that a row of up to the kernel's one-chunk limit is one chunk, with warps
-    for its elements per thread (at least _WARPS_LONG, at most its cap)."""
-    factor = _SCAN_POLICY[kind][0]
+def scan_tiles(kind: str, n: int, t: int, dtype: torch.dtype | None = None) -> Tiles:
+    """Single-pass tiles of the fused scan kernel ``kind`` (a key of _SCAN_POLICY) on inputs of
+    ``dtype``: those of :func:`_tiles`, except that a row of up to the kernel's one-chunk limit is one
+    chunk, with warps for its elements per thread (at least _WARPS_LONG, at most its cap)."""
+    factor = _scan_policy(kind, dtype)[0]
     bt = max(4, _pow2(max(t, 1)))
     if bt <= _MAX_BT or bt > min(factor, _ONE_CHUNK_FACTOR) * _MAX_BT:
         return _tiles(n, t)
-    return Tiles(1, bt, _chunk_warps(kind, bt))
+    return Tiles(1, bt, _chunk_warps(kind, bt, dtype))
 
 
 # Tile forms of the reverse recurrences of GAE, V-trace and the returns (kernels/core.py), chosen
@@ -331,13 +346,15 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # 2048-step blocks for GAE, the returns and TD(lambda) (1x16,777,216: GAE 0.46-0.50 vs 0.43-0.44),
 # 1024 for V-trace and Retrace (V-trace 1x16,777,216: 0.49-0.51 vs 0.43-0.47); TD(lambda)'s with 2
 # warps (16x1,048,576: 0.55 vs 0.49 with 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5); windows
-# of 64 blocks for GAE (16x1,048,576: 0.75 vs 0.68), 256 for the others (V-trace 64x262,144: 0.84-0.86
-# vs 0.78-0.79).
+# of 64 blocks for GAE (16x1,048,576: 0.75 vs 0.68) and TD(lambda) (re-swept with blocks numbered by
+# program id, tile_sweep_long7: 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs 15.8 us), 256 for the
+# others (V-trace 64x262,144: 0.84-0.86 vs 0.78-0.79; 0.90 vs 0.82 in long7). The same sweep found no
+# better block length, window or warps for the others under program ids (long7*_h200.json).
 _SPLIT_POLICY = {
     "gae": (2, True, 64, None),
     "vtrace": (1, True, 256, None),
     "returns": (2, True, 256, None),
-    "returns_nv": (2, True, 256, 2),
+    "returns_nv": (2, True, 64, 2),
     "forward": (1, False, 256, None),
     "retrace": (1, True, 256, None),
 }
@@ -354,6 +371,13 @@ _ONE_CHUNK = True
 # one chunk per block up to _MAX_BLOCKS blocks); False: blocks of several chunks from
 # _TARGET_PROGRAMS, walked in a loop (the form measured before loop-free blocks, for sweeps).
 _ONE_CHUNK_BLOCKS = True
+# Look-back blocks numbered by program id (PHASE 4: no atomic before the loads; relies on the GPU
+# starting the programs of a launch in the order of their ids, as CUB's decoupled look-back scan
+# does). True: by an atomic ticket (PHASE 3: every block waited for has started, whatever the order).
+# Program ids measured faster for every look-back kernel on the H200 (16x1,048,576: GAE 0.81 of copy
+# vs 0.76, V-trace 0.80 vs 0.75, Retrace 0.63 vs 0.55, TD(lambda) 0.60 vs 0.55, discounted 0.46 vs
+# 0.43; tile_sweep_ticket_h200.json).
+_TICKET = False
 
 
 class Layout(NamedTuple):
@@ -409,9 +433,9 @@ def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) ->
     return Layout(tiles, nk, cpb, False)
 
 
-def scan_layout(kind: str, n: int, t: int) -> Layout:
+def scan_layout(kind: str, n: int, t: int, dtype: torch.dtype | None = None) -> Layout:
     """The layout of fused scan kernel ``kind`` (a key of _SCAN_POLICY and _SPLIT_POLICY)."""
-    return _layout(n, t, scan_tiles(kind, n, t), kind, functools.partial(_chunk_warps, kind))
+    return _layout(n, t, scan_tiles(kind, n, t, dtype), kind, functools.partial(_chunk_warps, kind, dtype=dtype))
 
 
 def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached: bool = False) -> _Plan:
@@ -427,7 +451,8 @@ def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached:
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
     if layout.lookback:
-        launch = ((n * nk, 1), {**constexprs, "PHASE": 3, "ONE": one, "NKP": layout.window}, tiles.warps)
+        phase = 3 if _TICKET else 4
+        launch = ((n * nk, 1), {**constexprs, "PHASE": phase, "ONE": one, "NKP": layout.window}, tiles.warps)
         return _Plan(kernel, device, [launch], (3, n, nk, acc), cached)
     nkp = _pow2(nk)
     launches = [
@@ -446,7 +471,7 @@ def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool) -> _P
     """The plan of GAE's or V-trace's kernel: both take the same optional inputs (truncateds,
     bootstrap values, last value), the next-values form and the tile forms."""
     t = p.tensors
-    layout = scan_layout(kind, p.num_envs, p.seq_len)
+    layout = scan_layout(kind, p.num_envs, p.seq_len, p.dtype)
     constexprs = dict(
         HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
@@ -490,16 +515,40 @@ def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False
 
 def retrace_tiles(n: int, t: int, num_actions: int) -> tuple[Tiles, bool]:
     """Retrace's tiles and tile form (grouped or not). The [N, T, A] inputs are loaded as [..., AP]
-    tiles (AP: the actions rounded up to a power of two): programs of _BLOCK * _RETRACE_ACTIONS / AP
-    steps keep the tile at _BLOCK * _RETRACE_ACTIONS elements whatever the number of actions. Measured
-    on the H200 (benchmarks/tile_sweep.py, NOTES.md): with 4 actions, grouped tiles and 8 warps
-    (4096x2048: 0.85 of copy; 4 warps 0.66, plain 0.48); with 18 actions (AP = 32, 128-step programs),
-    plain tiles and 4 warps (0.53; grouped 0.41, 8 warps 0.14-0.28)."""
+    tiles (AP: the actions rounded up to a power of two) or, from _RETRACE_PIECES_MIN_AP on, as one
+    tile per binary digit of A: programs of _BLOCK * _RETRACE_ACTIONS / AP steps (_RETRACE_MANY_ACTIONS
+    beyond _RETRACE_GROUPED_MAX_AP) keep the tile size whatever the number of actions. Measured on the
+    H200 (benchmarks/tile_sweep.py, NOTES.md): with 4 actions, grouped tiles and 8 warps (4096x2048:
+    0.85 of copy; 4 warps 0.66, plain 0.48); with 18 actions, plain tiles, 8 warps and 256-step
+    programs in pieces (0.96; one padded tile of 32 actions: 0.53 at best, 128 steps and 4 warps;
+    tile_sweep_retrace18_pieces_h200.json)."""
     ap = _pow2(num_actions)
-    tiles = _tiles(n, t, block=max(_RETRACE_MIN_BLOCK, _BLOCK * _RETRACE_ACTIONS // ap))
     few_actions = ap <= _RETRACE_GROUPED_MAX_AP
-    tiles = tiles._replace(warps=_WARPS_SHORT if few_actions else _WARPS_LONG)
+    scale = _RETRACE_ACTIONS if few_actions else _RETRACE_MANY_ACTIONS
+    tiles = _tiles(n, t, block=max(_RETRACE_MIN_BLOCK, _BLOCK * scale // ap))
+    tiles = tiles._replace(warps=_WARPS_SHORT)
     return tiles, few_actions and _grouped(tiles)
+
+
+class RetraceForm(NamedTuple):
+    layout: Layout
+    group: int  # the GROUPED constexpr (kernels/core.py)
+    pieces: bool  # the PIECES constexpr (kernels/fused.py)
+
+
+def retrace_layout(n: int, t: int, num_actions: int, dtype: torch.dtype) -> RetraceForm:
+    """Retrace's layout and tile form. Env-major groups for short rows of few actions: 1,048,576x8,
+    0.49 of copy vs 0.45 plain; 32,768x8, 14.5 vs 14.9 us (tile_sweep_retrace_envmajor_h200.json)."""
+    tiles, grouped = retrace_tiles(n, t, num_actions)
+    ap = _pow2(num_actions)
+    if grouped:
+        group = _group_major(tiles, dtype)
+    elif _RETRACE_ENV_MAJOR and ap <= _RETRACE_GROUPED_MAX_AP and tiles.bt <= _ENV_MAJOR_MAX_BT:
+        group = -4
+    else:
+        group = 0
+    layout = _layout(n, t, tiles, "retrace", _retrace_block_warps)
+    return RetraceForm(layout, group, ap >= _RETRACE_PIECES_MIN_AP)
 
 
 def _retrace_block_warps(bt: int) -> int:
@@ -514,12 +563,11 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
     qt, adv = p.new_output(), p.new_output()
 
     def build(cached: bool) -> _Plan:
-        tiles, grouped = retrace_tiles(p.num_envs, p.seq_len, p.num_actions)
+        layout, group, pieces = retrace_layout(p.num_envs, p.seq_len, p.num_actions, p.dtype)
         constexprs = dict(
-            A=p.num_actions, AP=_pow2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None, ACC=_acc(p.dtype),
-            GROUPED=_group_major(tiles, p.dtype) if grouped else 0,
+            A=p.num_actions, AP=_pow2(p.num_actions), PIECES=pieces, HAS_TRUNC=t.get("truncateds") is not None,
+            ACC=_acc(p.dtype), GROUPED=group,
         )  # fmt: skip
-        layout = _layout(p.num_envs, p.seq_len, tiles, "retrace", _retrace_block_warps)
         return _scan_plan(fused.retrace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(
@@ -538,7 +586,7 @@ def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
 
     def build(cached: bool) -> _Plan:
         kind = "returns" if t.get("next_values") is None else "returns_nv"
-        layout = scan_layout(kind, p.num_envs, p.seq_len)
+        layout = scan_layout(kind, p.num_envs, p.seq_len, p.dtype)
         constexprs = dict(
             HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
             HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype),
@@ -561,7 +609,7 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
 
     def build(cached: bool) -> _Plan:
         constexprs = dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype))
-        layout = scan_layout("forward", p.num_envs, p.seq_len)
+        layout = scan_layout("forward", p.num_envs, p.seq_len, p.dtype)
         return _scan_plan(fused.forward_trace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(

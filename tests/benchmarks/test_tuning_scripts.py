@@ -50,19 +50,27 @@ def test_tile_sweep_policy_override_restores():
     before = launch._tiles(4096, 2048)
     with tile_sweep.policy(_BLOCK=2048, _WARPS=8, _MAX_BT=2048):
         assert launch._tiles(4096, 2048) == launch.Tiles(1, 2048, 8)
-        assert tile_sweep._effective("compute_gae", 4096, 2048)[:3] == (1, 2048, 8)
+        assert tile_sweep._effective("compute_gae", 4096, 2048, torch.float32)[:3] == (1, 2048, 8)
     with tile_sweep.policy(GROUPED="off"):
-        assert tile_sweep._effective("compute_gae", 4096, 2048)[5] == 0
+        assert tile_sweep._effective("compute_gae", 4096, 2048, torch.float32)[5] == 0
         assert launch.retrace_tiles(4096, 2048, 4)[1] is False
     with tile_sweep.policy(GROUPED="on"):
-        assert tile_sweep._effective("compute_gae", 4096, 8)[5] == 4
+        assert tile_sweep._effective("compute_gae", 4096, 8, torch.float32)[5] == 4
     with tile_sweep.policy(GROUPED="env"):
-        assert tile_sweep._effective("compute_gae", 4096, 2048)[5] == -4
-    assert tile_sweep._effective("compute_gae", 1, 1 << 20)[1:] == (2048, 4, 512, 1, 4, True, 64)  # look-back
-    assert tile_sweep._effective("compute_retrace", 1, 1 << 20)[6] is True
-    assert tile_sweep._effective("compute_eligibility_traces", 1, 1 << 20)[6] is False  # two passes
+        assert tile_sweep._effective("compute_gae", 4096, 2048, torch.float32)[5] == -4
+    assert tile_sweep._effective("compute_gae", 1, 1 << 20, torch.float32)[1:] == (
+        2048,
+        4,
+        512,
+        1,
+        4,
+        True,
+        64,
+    )  # look-back
+    assert tile_sweep._effective("compute_retrace", 1, 1 << 20, torch.float32)[6] is True
+    assert tile_sweep._effective("compute_eligibility_traces", 1, 1 << 20, torch.float32)[6] is False  # two passes
     with tile_sweep.policy(_LOOKBACK=False, _SPLIT_FACTOR=1):
-        assert tile_sweep._effective("compute_gae", 1, 1 << 20)[1:] == (1024, 4, 1024, 1, 4, False, 1)
+        assert tile_sweep._effective("compute_gae", 1, 1 << 20, torch.float32)[1:] == (1024, 4, 1024, 1, 4, False, 1)
     assert launch._tiles(4096, 2048) == before
     f32, bf16 = torch.float32, torch.bfloat16
     assert [launch._group(launch._tiles(4096, t), f32) for t in (8, 16, 2048)] == [-4, 4, 4]
