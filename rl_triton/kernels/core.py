@@ -247,9 +247,9 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 #   PHASE 3: one launch, one chunk per time block: each program scans its chunk, publishes the
 #            chunk's aggregate, learns the state entering its block from the blocks before it
 #            (lookback), and applies it to the chunk still in registers. Inputs are read once.
-#   PHASE 4: PHASE 3 with blocks numbered by program id instead of a ticket (env_block; sweeps).
+#   PHASE 4: PHASE 3 with blocks numbered by program id instead of a ticket (env_block; the default).
 # ONE (constexpr, any phase): the program's block is one chunk (PHASE 0: rows of one chunk, T <= BT,
-# the common case; PHASE 3 always; PHASE 1/2 when CPB = 1). The chunk loop then has constant bounds,
+# the common case; PHASE 3/4 always; PHASE 1/2 when CPB = 1). The chunk loop then has constant bounds,
 # so the compiler drops it, and with it the new carry and the chunk's aggregate that nothing reads
 # (cross-warp reductions: GAE's sm_90 PTX at 512-step chunks goes from 18 to 11 bar.sync, the
 # forward traces kernel's from 5 to 1).
@@ -263,7 +263,7 @@ def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, P
                 ACC: tl.constexpr, BN: tl.constexpr, NKP: tl.constexpr, ONE: tl.constexpr):  # fmt: skip
     """Time block ``i_k``: (chunk loop bounds, offset added to the loop index to get the chunk,
     (A, B) of everything before the block, A of the block so far = 1). The state entering the block
-    is A * x_init + B (B alone when the recurrence starts from 0). PHASE 3 learns (A, B) later, from
+    is A * x_init + B (B alone when the recurrence starts from 0). PHASE 3/4 learns (A, B) later, from
     :func:`lookback`. ONE (the block is one chunk): constant loop bounds, so the compiler drops the
     loop of one iteration and the carry and aggregate reductions nothing reads after it."""
     if ONE:
@@ -319,7 +319,7 @@ def _fold_published(p_agg_a, p_agg_b, p_flag, o_b, m_b, LEVEL: tl.constexpr):
 
 @triton.jit
 def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.constexpr, S: tl.constexpr):
-    """PHASE 3: the (A, B) of everything before time block ``i_k`` of env ``i_n`` (one env per program),
+    """PHASE 3/4: the (A, B) of everything before time block ``i_k`` of env ``i_n`` (one env per program),
     given the block's own aggregate (b_Al, b_Bl) [1]. Deterministic: the blocks are cut into windows
     of S (at most S windows per row: the launcher picks S >= sqrt(NK)); the last block of each window
     publishes the window's aggregate, which depends on that window alone; the state before block k
@@ -332,7 +332,8 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.cons
     [2, N, NK] buffers: p_agg_* [0] block aggregates, [1] window aggregates (stored at the window's
     last block); p_flag [N * NK] int32: 1 once the block's aggregate is stored, 2 once its window's
     is. A block publishes its aggregate (and its window's) before it waits, and waits only for blocks
-    with smaller tickets, which have started; so every wait ends."""
+    numbered before it: in PHASE 3 by their tickets, so they have started and every wait ends; in
+    PHASE 4 by program id, which relies on the GPU starting programs in id order (env_block)."""
     o1 = tl.arange(0, 1)
     row = i_n.to(tl.int64) * NK
     inc = N.to(tl.int64) * NK
@@ -360,9 +361,9 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.cons
 @triton.jit
 def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
                     GROUPED: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr):  # fmt: skip
-    """PHASE 3 (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
+    """PHASE 3/4 (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
     in registers, then :func:`lookback`. Returns (A, B) of everything before the block [1]."""
-    tl.static_assert(o_n.shape[0] == 1, "PHASE 3 takes one env per program")
+    tl.static_assert(o_n.shape[0] == 1, "PHASE 3/4 take one env per program")
     b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, GROUPED)
     _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, GROUPED)
     i_n = tl.sum(o_n, 0)
@@ -376,7 +377,8 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
     comes from a ticket (an atomic counter after the [N, NK] flags) instead of the program ids: blocks
     take tickets in the order they start, so every block a program waits for has started. PHASE 4 is
     the same look-back numbered by program id instead (no atomic before the loads; relies on the GPU
-    starting programs in the order of their ids, as CUB's decoupled look-back does; a sweep form)."""
+    starting programs in the order of their ids, as CUB's decoupled look-back does; the default,
+    launch._TICKET)."""
     if PHASE == 3:
         v = tl.atomic_add(p_flag + N.to(tl.int64) * NK, 1)
         i_n = v // NK

@@ -329,7 +329,7 @@ _COMPILED: dict = {}
 
 # Multi-block scans (kernels/core.py): when the env blocks alone give too few programs for the
 # GPU (fewer than _TARGET_PROGRAMS / 2) and rows span at least _MIN_CHUNKS_FOR_SPLIT chunks, each
-# row is split into time blocks, scanned either in one launch (PHASE 3, the look-back: one chunk
+# row is split into time blocks, scanned either in one launch (PHASE 4/3, the look-back: one chunk
 # per block, one env per program, inputs read once) or in two (PHASE 1 stores each block's
 # aggregate, PHASE 2 folds the aggregates before its block and rescans it; inputs read twice).
 # Size classes only: no recompilation.
@@ -439,7 +439,7 @@ def scan_layout(kind: str, n: int, t: int, dtype: torch.dtype | None = None) -> 
 
 
 def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached: bool = False) -> _Plan:
-    """The launches of a fused kernel: single pass, one-pass multi-block scan (PHASE 3, look-back) or
+    """The launches of a fused kernel: single pass, one-pass multi-block scan (PHASE 4/3, look-back) or
     two-pass multi-block scan (PHASE 1, then PHASE 2)."""
     tiles, nk, cpb = layout.tiles, layout.nk, layout.cpb
     env_programs = _cdiv(n, tiles.bn)

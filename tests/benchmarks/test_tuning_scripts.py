@@ -13,6 +13,7 @@ from rl_triton.kernels import launch
 def _row(fn, n, t, dtype="float32", kernel_us=10.0, fraction=0.9, call_us=50.0, num_actions=None):
     return {
         "function": fn, "num_envs": n, "seq_len": t, "dtype": dtype, "num_actions": num_actions,
+        "bytes": n * t * (13 if dtype == "float32" else 7), "copy_GBps": 4000.0,
         "family": targets.family(n, t), "kernel_us": kernel_us, "full_call_us": call_us,
         "fraction_of_copy": fraction, "fraction_target": targets.fraction_target(fn, n, t),
         "time_target_us": targets.TIME_TARGET_US.get((n, t)),
@@ -42,8 +43,9 @@ def test_targets_verdicts():
     )
     assert [r["meets_targets"] for r in rows] == [True, True, False, False, False]
     assert rows[1]["speedup_over_float32"] == pytest.approx(2.0)
+    assert rows[1]["copy_speedup_over_float32"] == pytest.approx(13 / 7)
     table = targets.markdown(rows)
-    assert table.count("\n") == len(rows) + 2 and "2.00× fp32" in table and "**no**" in table
+    assert table.count("\n") == len(rows) + 2 and "2.00× fp32 (copy 1.86×)" in table and "**no**" in table
 
 
 def test_tile_sweep_policy_override_restores():
