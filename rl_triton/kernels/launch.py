@@ -340,16 +340,18 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # Per kernel: (chunk of a time block in units of the walked chunk, look-back or two passes, blocks
 # per look-back window: core.lookback, raised to sqrt(blocks) where that is more, warps of a block
 # longer than a walked chunk: None for _chunk_warps). Measured on the H200 with loop-free blocks
-# (benchmarks/results/tile_sweep_long*_h200.json, NOTES.md "Performance"): the look-back won for
-# every kernel but the forward traces (16x1,048,576: GAE 0.71-0.75 of copy vs 0.68-0.70 two-pass,
-# V-trace 0.74-0.78 vs 0.69, Retrace 0.55-0.57 vs 0.47; traces 0.51 two-pass vs 0.47 look-back);
-# 2048-step blocks for GAE, the returns and TD(lambda) (1x16,777,216: GAE 0.46-0.50 vs 0.43-0.44),
-# 1024 for V-trace and Retrace (V-trace 1x16,777,216: 0.49-0.51 vs 0.43-0.47); TD(lambda)'s with 2
-# warps (16x1,048,576: 0.55 vs 0.49 with 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5); windows
-# of 64 blocks for GAE (16x1,048,576: 0.75 vs 0.68) and TD(lambda) (re-swept with blocks numbered by
-# program id, tile_sweep_long7: 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs 15.8 us), 256 for the
-# others (V-trace 64x262,144: 0.84-0.86 vs 0.78-0.79; 0.90 vs 0.82 in long7). The same sweep found no
-# better block length, window or warps for the others under program ids (long7*_h200.json).
+# (benchmarks/results/tile_sweep_long*_h200.json, NOTES.md "Performance"; kernel times for GAE and
+# V-trace at 16x1,048,576 and 64x262,144, whose copy baselines in those files are a slow memcpy,
+# benchmarks/timing.copy_gbps): the look-back won for every kernel but the forward traces
+# (16x1,048,576: GAE 113-119 us vs 121-131 in two passes, V-trace 202-213 vs 229, Retrace 0.55-0.57
+# of copy vs 0.47; traces 0.51 two-pass vs 0.47 look-back); 2048-step blocks for GAE, the returns and
+# TD(lambda) (1x16,777,216: GAE 0.46-0.50 vs 0.43-0.44), 1024 for V-trace and Retrace (V-trace
+# 1x16,777,216: 0.49-0.51 vs 0.43-0.47); TD(lambda)'s with 2 warps (16x1,048,576: 0.55 vs 0.49 with
+# 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5); windows of 64 blocks for GAE (16x1,048,576: 113
+# vs 130 us) and TD(lambda) (re-swept with blocks numbered by program id, tile_sweep_long7:
+# 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs 15.8 us), 256 for the others (V-trace 64x262,144: 187
+# vs 203 us; 175 vs 192 in long7). The same sweep found no better block length, window or warps for
+# the others under program ids (long7*_h200.json).
 _SPLIT_POLICY = {
     "gae": (2, True, 64, None),
     "vtrace": (1, True, 256, None),
@@ -374,9 +376,9 @@ _ONE_CHUNK_BLOCKS = True
 # Look-back blocks numbered by program id (PHASE 4: no atomic before the loads; relies on the GPU
 # starting the programs of a launch in the order of their ids, as CUB's decoupled look-back scan
 # does). True: by an atomic ticket (PHASE 3: every block waited for has started, whatever the order).
-# Program ids measured faster for every look-back kernel on the H200 (16x1,048,576: GAE 0.81 of copy
-# vs 0.76, V-trace 0.80 vs 0.75, Retrace 0.63 vs 0.55, TD(lambda) 0.60 vs 0.55, discounted 0.46 vs
-# 0.43; tile_sweep_ticket_h200.json).
+# Program ids measured faster for every look-back kernel on the H200 (16x1,048,576: GAE 106.8 vs
+# 114.0 us, V-trace 200.2 vs 213.7 us, Retrace 0.63 vs 0.55 of copy, TD(lambda) 0.60 vs 0.55,
+# discounted 0.46 vs 0.43; tile_sweep_ticket_h200.json).
 _TICKET = False
 
 
