@@ -51,8 +51,16 @@ _GROUPED_FORMS = {
 }
 
 
-# Knobs that change the compiled kernel without changing the layout _effective reports.
-_KERNEL_KNOBS = ("_RETRACE_PIECES_MIN_AP", "_TICKET")
+# Knobs whose values join _effective's layout in the key that tells configurations apart (those that
+# change the compiled kernel without changing the layout it reports).
+_KERNEL_KNOBS = (
+    "_GROUP_16BIT",
+    "_ONE_CHUNK",
+    "_ONE_CHUNK_BLOCKS",
+    "_LOOKBACK_WINDOW",
+    "_RETRACE_PIECES_MIN_AP",
+    "_TICKET",
+)
 
 
 @contextlib.contextmanager
@@ -127,14 +135,7 @@ def sweep_shape(
     rows, seen = [], {}
     for knobs in configs:
         with policy(**knobs):
-            eff = (
-                *_effective(spec.name, n, t, dtype),
-                knobs.get("_GROUP_16BIT"),
-                knobs.get("_ONE_CHUNK"),
-                knobs.get("_ONE_CHUNK_BLOCKS"),
-                knobs.get("_LOOKBACK_WINDOW"),
-                *(knobs.get(k) for k in _KERNEL_KNOBS),
-            )
+            eff = (*_effective(spec.name, n, t, dtype), *(knobs.get(k) for k in _KERNEL_KNOBS))
             if eff in seen:  # same tiles and split as a configuration already timed
                 rows.append({**seen[eff], "knobs": knobs, "duplicate": True})
                 continue

@@ -219,18 +219,14 @@ def test_one_chunk_rows_match_reference(path, shape, fn):
     _matches_torch_path(fn, x)
 
 
+@pytest.mark.parametrize("force_blocks", [(2, 1, 4, True, 1)], indirect=True, ids=["lookback-w4-one"])
 @pytest.mark.parametrize("fn", list(CALLS))
-def test_lookback_numbered_by_ticket(path, monkeypatch, fn):
+def test_lookback_numbered_by_ticket(path, monkeypatch, force_blocks, fn):
     """The look-back with blocks numbered by an atomic ticket instead of the program id (PHASE 3,
     launch._TICKET): 10 blocks of 32 steps in windows of 4."""
     if not path.is_kernel:
         pytest.skip("multi-block scans are a kernel-path feature")
-    knobs = {
-        "_MIN_CHUNKS_FOR_SPLIT": 2, "_TARGET_PROGRAMS": 4096, "_MAX_BT": 32, "_BLOCK": 32, "_ONE_CHUNK_FACTOR": 1,
-        "_LOOKBACK": True, "_LOOKBACK_WINDOW": 4, "_TICKET": True,
-    }  # fmt: skip
-    for knob, value in knobs.items():
-        monkeypatch.setattr(launch, knob, value)
+    monkeypatch.setattr(launch, "_TICKET", True)
     layout = launch.scan_layout("gae", 1, 300)
     assert layout.lookback and layout.nk == 10
     _matches_torch_path(fn, _inputs(1, 300, path.device))

@@ -379,12 +379,11 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
     the same look-back numbered by program id instead (no atomic before the loads; relies on the GPU
     starting programs in the order of their ids, as CUB's decoupled look-back does; the default,
     launch._TICKET)."""
-    if PHASE == 3:
-        v = tl.atomic_add(p_flag + N.to(tl.int64) * NK, 1)
-        i_n = v // NK
-        i_k = v % NK
-    elif PHASE == 4:
-        v = tl.program_id(0)
+    if PHASE >= 3:
+        if PHASE == 3:
+            v = tl.atomic_add(p_flag + N.to(tl.int64) * NK, 1)
+        else:
+            v = tl.program_id(0)
         i_n = v // NK
         i_k = v % NK
     else:
