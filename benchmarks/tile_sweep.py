@@ -60,6 +60,7 @@ _KERNEL_KNOBS = (
     "_LOOKBACK_WINDOW",
     "_RETRACE_PIECES_MIN_AP",
     "_TICKET",
+    "_MAXNREG",
 )
 
 
@@ -97,7 +98,16 @@ def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
         layout = launch.scan_layout(_SCAN_KIND[fn], n, t, dtype)
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
         grouped = 0 if forward else launch._group(layout.tiles, dtype)
-    return (*layout.tiles, layout.nk, layout.cpb, grouped, layout.nk > 1 and layout.lookback, layout.window)
+    lookback = layout.nk > 1 and layout.lookback
+    return (
+        *layout.tiles,
+        layout.nk,
+        layout.cpb,
+        grouped,
+        lookback,
+        layout.window,
+        layout.maxnreg if lookback else None,
+    )
 
 
 def _grid(grid: dict) -> list[dict]:
@@ -152,7 +162,7 @@ def sweep_shape(
         if spec.name == "compute_retrace":
             row["num_actions"] = specs.NUM_ACTIONS
         row |= {"bn": eff[0], "bt": eff[1], "warps": eff[2], "nk": eff[3], "cpb": eff[4], "grouped": eff[5]}
-        row |= {"lookback": eff[6], "window": eff[7]}
+        row |= {"lookback": eff[6], "window": eff[7], "maxnreg": eff[8]}
         row |= {"knobs": knobs}
         seen[eff] = row
         rows.append(row)

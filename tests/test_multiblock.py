@@ -187,9 +187,9 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert _phases("vtrace", vtrace, 16, 1 << 20) == (1024, [(4, True)])
     assert _phases("forward", fwd, 16, 1 << 20) == (1024, [(1, True), (2, True)])
     assert launch.scan_layout("forward", 16, 1 << 20).nk == 1024  # one chunk per block
-    assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 16, False, 1)  # at most 1024 blocks
-    assert launch.scan_layout("vtrace", 1, 1 << 24)[1:] == (16384, 1, True, 256)
-    assert launch.scan_layout("gae", 1, 1 << 24)[1:] == (8192, 1, True, 128)  # 64 raised to sqrt(8192)
+    assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 16, False, 1, None)  # at most 1024 blocks
+    assert launch.scan_layout("vtrace", 1, 1 << 24)[1:] == (16384, 1, True, 256, 80)  # register cap 80
+    assert launch.scan_layout("gae", 1, 1 << 24)[1:] == (8192, 1, True, 128, 72)  # 64 raised to sqrt(8192)
     assert launch.scan_tiles("vtrace", 4096, 4096).warps == 16
     assert launch.scan_tiles("returns_nv", 4096, 4096).warps == 8
     assert launch.scan_tiles("gae", 4096, 4096, torch.bfloat16) == launch.Tiles(1, 4096, 8)  # 2-byte floats
@@ -204,7 +204,34 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert _phases("gae", gae, 1, 1 << 20) == (2048, [(1, True), (2, True)])
     monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", False)  # blocks of several chunks, from _TARGET_PROGRAMS
     assert _phases("gae", gae, 16, 1 << 20) == (2048, [(1, False), (2, False)])
-    assert launch.scan_layout("gae", 16, 1 << 20)[1:] == (64, 8, False, 1)
+    assert launch.scan_layout("gae", 16, 1 << 20)[1:] == (64, 8, False, 1, None)
+
+
+def test_lookback_register_caps(monkeypatch):
+    """Look-back blocks of float32 inputs launch with _SPLIT_POLICY's register cap (Triton's maxnreg
+    option, not a kernel argument); other dtypes, unmeasured, and the two-pass form without one;
+    launch._MAXNREG overrides it (0: none)."""
+    from rl_triton.kernels import fused
+
+    def options(kind, kernel, n, t, dtype=torch.float32):
+        layout = launch.scan_layout(kind, n, t, dtype)
+        plan = launch._scan_plan(kernel, n, torch.device("cpu"), {"ACC": None}, layout)
+        return [c.get("maxnreg") for _grid, c, _warps in plan.launches]
+
+    gae, fwd = fused.gae_kernel, fused.forward_trace_kernel
+    assert options("gae", gae, 16, 1 << 20) == [72]
+    assert options("vtrace", fused.vtrace_kernel, 16, 1 << 20) == [80]
+    assert options("returns", fused.returns_kernel, 16, 1 << 20) == [72]
+    assert options("returns_nv", fused.returns_kernel, 16, 1 << 20) == [None]
+    assert launch.retrace_layout(16, 1 << 20, 4, torch.float32).layout.maxnreg is None
+    assert options("gae", gae, 16, 1 << 20, torch.float64) == [None]
+    assert options("gae", gae, 16, 1 << 20, torch.bfloat16) == [None]
+    assert options("forward", fwd, 16, 1 << 20) == [None, None]  # two passes
+    assert options("gae", gae, 4096, 512) == [None]  # single pass
+    monkeypatch.setattr(launch, "_MAXNREG", 0)
+    assert options("gae", gae, 16, 1 << 20) == [None]
+    monkeypatch.setattr(launch, "_MAXNREG", 96)
+    assert options("returns_nv", fused.returns_kernel, 16, 1 << 20) == [96]
 
 
 @pytest.mark.parametrize("shape", [(2, 1500), (2, 3000)], ids=["N2-T1500", "N2-T3000"])

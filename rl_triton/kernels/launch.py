@@ -351,14 +351,23 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # vs 130 us) and TD(lambda) (re-swept with blocks numbered by program id, tile_sweep_long7:
 # 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs 15.8 us), 256 for the others (V-trace 64x262,144: 187
 # vs 203 us; 175 vs 192 in long7). The same sweep found no better block length, window or warps for
-# the others under program ids (long7*_h200.json).
+# the others under program ids (long7*_h200.json). Last, the register cap of a look-back block
+# (Triton's maxnreg; None: the compiler's choice), for float32 inputs: a look-back block holds its
+# chunk in registers while it waits for the blocks before it, so its throughput is set by how many
+# blocks fit on an SM, and capping GAE's and the discounted returns' 93 registers at 72 (7 blocks of
+# 4 warps per SM instead of 5) and V-trace's 118 at 80 (6 instead of 4) paid for the few registers
+# spilled around the wait (8-10, 14; stored once before it, loaded once after): 16x1,048,576 GAE
+# 105.2 -> 94.9 us, discounted 88.8 -> 79.7 us, V-trace 198.0 -> 178.8 us (tile_sweep_nreg_h200.json).
+# TD(lambda)'s 2-warp blocks (156 registers) and Retrace's (136) got slower under every cap swept.
+# Reading the chunk twice instead of holding it (72 registers for GAE, no spill) was slower still
+# (NOTES.md, "Performance", item O).
 _SPLIT_POLICY = {
-    "gae": (2, True, 64, None),
-    "vtrace": (1, True, 256, None),
-    "returns": (2, True, 256, None),
-    "returns_nv": (2, True, 64, 2),
-    "forward": (1, False, 256, None),
-    "retrace": (1, True, 256, None),
+    "gae": (2, True, 64, None, 72),
+    "vtrace": (1, True, 256, None, 80),
+    "returns": (2, True, 256, None, 72),
+    "returns_nv": (2, True, 64, 2, None),
+    "forward": (1, False, 256, None, None),
+    "retrace": (1, True, 256, None, None),
 }
 # Sweep overrides (None: the kernel's policy): the block chunk factor of _SPLIT_POLICY (capped by
 # _ONE_CHUNK_FACTOR, as one-chunk rows are), the look-back (True / False: always / never), its
@@ -380,6 +389,8 @@ _ONE_CHUNK_BLOCKS = True
 # 114.0 us, V-trace 200.2 vs 213.7 us, Retrace 0.63 vs 0.55 of copy, TD(lambda) 0.60 vs 0.55,
 # discounted 0.46 vs 0.43; tile_sweep_ticket_h200.json).
 _TICKET = False
+# Sweep override of _SPLIT_POLICY's register cap of float32 look-back blocks (0: no cap).
+_MAXNREG: int | None = None
 
 
 class Layout(NamedTuple):
@@ -391,6 +402,7 @@ class Layout(NamedTuple):
     cpb: int
     lookback: bool
     window: int = 1
+    maxnreg: int | None = None
 
 
 def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
@@ -402,15 +414,17 @@ def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
     return _cdiv(n_chunks, cpb), cpb
 
 
-def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) -> Layout:
+def _layout(
+    n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None, dtype: torch.dtype | None = None
+) -> Layout:
     """The layout of a launch whose single-pass tiles are ``tiles``; ``split_key`` names the kernel's
     _SPLIT_POLICY entry and ``warps_for(bt)`` the warps of a one-env time block of ``bt`` steps
-    (None: blocks keep the single-pass tiles)."""
+    (None: blocks keep the single-pass tiles); ``dtype`` the inputs' (None: float32)."""
     n_chunks = _cdiv(t_len, tiles.bt)
     nk, cpb = _time_blocks(_cdiv(n, tiles.bn), n_chunks)
     if nk == 1:
         return Layout(tiles, 1, cpb, False)
-    factor, lookback, window, block_warps = _SPLIT_POLICY[split_key]
+    factor, lookback, window, block_warps, maxnreg = _SPLIT_POLICY[split_key]
     factor = min(factor if _SPLIT_FACTOR is None else _SPLIT_FACTOR, _ONE_CHUNK_FACTOR)
     lookback = lookback if _LOOKBACK is None else _LOOKBACK
     window = window if _LOOKBACK_WINDOW is None else _LOOKBACK_WINDOW
@@ -427,7 +441,10 @@ def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) ->
         window = min(_pow2(n_chunks), window)
         while window * window < n_chunks:  # core.lookback folds at most `window` windows
             window *= 2
-        return Layout(tiles, n_chunks, 1, True, window)
+        maxnreg = maxnreg if _MAXNREG is None else _MAXNREG or None
+        if dtype not in (None, torch.float32):  # the caps were measured with float32 inputs only
+            maxnreg = None
+        return Layout(tiles, n_chunks, 1, True, window, maxnreg)
     if _ONE_CHUNK_BLOCKS:
         cpb = _cdiv(n_chunks, _MAX_BLOCKS)
         return Layout(tiles, _cdiv(n_chunks, cpb), cpb, False)
@@ -437,7 +454,8 @@ def _layout(n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None) ->
 
 def scan_layout(kind: str, n: int, t: int, dtype: torch.dtype | None = None) -> Layout:
     """The layout of fused scan kernel ``kind`` (a key of _SCAN_POLICY and _SPLIT_POLICY)."""
-    return _layout(n, t, scan_tiles(kind, n, t, dtype), kind, functools.partial(_chunk_warps, kind, dtype=dtype))
+    warps_for = functools.partial(_chunk_warps, kind, dtype=dtype)
+    return _layout(n, t, scan_tiles(kind, n, t, dtype), kind, warps_for, dtype)
 
 
 def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached: bool = False) -> _Plan:
@@ -454,7 +472,8 @@ def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached:
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
     if layout.lookback:
         phase = 3 if _TICKET else 4
-        launch = ((n * nk, 1), {**constexprs, "PHASE": phase, "ONE": one, "NKP": layout.window}, tiles.warps)
+        options = {} if layout.maxnreg is None else {"maxnreg": layout.maxnreg}  # Triton's option, not a constexpr
+        launch = ((n * nk, 1), {**constexprs, "PHASE": phase, "ONE": one, "NKP": layout.window, **options}, tiles.warps)
         return _Plan(kernel, device, [launch], (3, n, nk, acc), cached)
     nkp = _pow2(nk)
     launches = [
@@ -549,7 +568,7 @@ def retrace_layout(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Retr
         group = -4
     else:
         group = 0
-    layout = _layout(n, t, tiles, "retrace", _retrace_block_warps)
+    layout = _layout(n, t, tiles, "retrace", _retrace_block_warps, dtype)
     return RetraceForm(layout, group, ap >= _RETRACE_PIECES_MIN_AP)
 
 
