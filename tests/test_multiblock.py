@@ -222,8 +222,8 @@ def test_lookback_register_caps(monkeypatch):
     assert options("gae", gae, 16, 1 << 20) == [72]
     assert options("vtrace", fused.vtrace_kernel, 16, 1 << 20) == [80]
     assert options("returns", fused.returns_kernel, 16, 1 << 20) == [72]
-    assert options("returns_nv", fused.returns_kernel, 16, 1 << 20) == [None]
-    assert launch.retrace_layout(16, 1 << 20, 4, torch.float32).layout.maxnreg is None
+    assert options("returns_nv", fused.returns_kernel, 16, 1 << 20) == [80]
+    assert launch.retrace_layout(16, 1 << 20, 4, torch.float32).layout.maxnreg == 128
     assert options("gae", gae, 16, 1 << 20, torch.float64) == [None]
     assert options("gae", gae, 16, 1 << 20, torch.bfloat16) == [None]
     assert options("forward", fwd, 16, 1 << 20) == [None, None]  # two passes
@@ -231,7 +231,7 @@ def test_lookback_register_caps(monkeypatch):
     monkeypatch.setattr(launch, "_MAXNREG", 0)
     assert options("gae", gae, 16, 1 << 20) == [None]
     monkeypatch.setattr(launch, "_MAXNREG", 96)
-    assert options("returns_nv", fused.returns_kernel, 16, 1 << 20) == [96]
+    assert options("returns", fused.returns_kernel, 16, 1 << 20) == [96]
 
 
 @pytest.mark.parametrize("shape", [(2, 1500), (2, 3000)], ids=["N2-T1500", "N2-T3000"])

@@ -347,7 +347,7 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # of copy vs 0.47; traces 0.51 two-pass vs 0.47 look-back); 2048-step blocks for GAE, the returns and
 # TD(lambda) (1x16,777,216: GAE 0.46-0.50 vs 0.43-0.44), 1024 for V-trace and Retrace (V-trace
 # 1x16,777,216: 0.49-0.51 vs 0.43-0.47); TD(lambda)'s with 2 warps (16x1,048,576: 0.55 vs 0.49 with
-# 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5); windows of 64 blocks for GAE (16x1,048,576: 113
+# 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5; until the register caps below); windows of 64 blocks for GAE (16x1,048,576: 113
 # vs 130 us) and TD(lambda) (re-swept with blocks numbered by program id, tile_sweep_long7:
 # 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs 15.8 us), 256 for the others (V-trace 64x262,144: 187
 # vs 203 us; 175 vs 192 in long7). The same sweep found no better block length, window or warps for
@@ -355,19 +355,20 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # (Triton's maxnreg; None: the compiler's choice), for float32 inputs: a look-back block holds its
 # chunk in registers while it waits for the blocks before it, so its throughput is set by how many
 # blocks fit on an SM, and capping GAE's and the discounted returns' 93 registers at 72 (7 blocks of
-# 4 warps per SM instead of 5) and V-trace's 118 at 80 (6 instead of 4) paid for the few registers
-# spilled around the wait (8-10, 14; stored once before it, loaded once after): 16x1,048,576 GAE
-# 105.2 -> 94.9 us, discounted 88.8 -> 79.7 us, V-trace 198.0 -> 178.8 us (tile_sweep_nreg_h200.json).
-# TD(lambda)'s 2-warp blocks (156 registers) and Retrace's (136) got slower under every cap swept.
-# Reading the chunk twice instead of holding it (72 registers for GAE, no spill) was slower still
-# (NOTES.md, "Performance", item O).
+# 4 warps per SM instead of 5), V-trace's 118 at 80 (6 instead of 4) and Retrace's 136 at 128 (4
+# instead of 3) paid for the few registers spilled around the wait (2-10, 14, 6; stored once before
+# it, loaded once after): 16x1,048,576 GAE 105.2 -> 94.9 us, discounted 88.8 -> 79.7 us, V-trace
+# 198.0 -> 178.8 us (tile_sweep_nreg_h200.json), Retrace 390.2 -> 359.6 us; TD(lambda) now takes
+# 4-warp blocks capped at 80 registers (0-4 spills): 97.6 -> 93.0 us (tile_sweep_nreg2_h200.json).
+# Reading the chunk twice instead of holding it (72 registers for GAE, no spill) was slower (NOTES.md,
+# "Performance", item O).
 _SPLIT_POLICY = {
     "gae": (2, True, 64, None, 72),
     "vtrace": (1, True, 256, None, 80),
     "returns": (2, True, 256, None, 72),
-    "returns_nv": (2, True, 64, 2, None),
+    "returns_nv": (2, True, 64, 4, 80),
     "forward": (1, False, 256, None, None),
-    "retrace": (1, True, 256, None, None),
+    "retrace": (1, True, 256, None, 128),
 }
 # Sweep overrides (None: the kernel's policy): the block chunk factor of _SPLIT_POLICY (capped by
 # _ONE_CHUNK_FACTOR, as one-chunk rows are), the look-back (True / False: always / never), its
