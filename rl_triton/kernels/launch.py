@@ -343,25 +343,26 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # (benchmarks/results/tile_sweep_long*_h200.json, NOTES.md "Performance"; kernel times for GAE and
 # V-trace at 16x1,048,576 and 64x262,144, whose copy baselines in those files are a slow memcpy,
 # benchmarks/timing.copy_gbps): the look-back won for every kernel but the forward traces
-# (16x1,048,576: GAE 113-119 us vs 121-131 in two passes, V-trace 202-213 vs 229, Retrace 0.55-0.57
-# of copy vs 0.47; traces 0.51 two-pass vs 0.47 look-back); 2048-step blocks for GAE, the returns and
-# TD(lambda) (1x16,777,216: GAE 0.46-0.50 vs 0.43-0.44), 1024 for V-trace and Retrace (V-trace
-# 1x16,777,216: 0.49-0.51 vs 0.43-0.47); TD(lambda)'s with 2 warps (16x1,048,576: 0.55 vs 0.49 with
-# 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5; until the register caps below); windows of 64 blocks for GAE (16x1,048,576: 113
-# vs 130 us) and TD(lambda) (re-swept with blocks numbered by program id, tile_sweep_long7:
-# 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs 15.8 us), 256 for the others (V-trace 64x262,144: 187
-# vs 203 us; 175 vs 192 in long7). The same sweep found no better block length, window or warps for
-# the others under program ids (long7*_h200.json). Last, the register cap of a look-back block
-# (Triton's maxnreg; None: the compiler's choice), for float32 inputs: a look-back block holds its
-# chunk in registers while it waits for the blocks before it, so its throughput is set by how many
-# blocks fit on an SM, and capping GAE's and the discounted returns' 93 registers at 72 (7 blocks of
-# 4 warps per SM instead of 5), V-trace's 118 at 80 (6 instead of 4) and Retrace's 136 at 128 (4
-# instead of 3) paid for the few registers spilled around the wait (2-10, 14, 6; stored once before
-# it, loaded once after): 16x1,048,576 GAE 105.2 -> 94.9 us, discounted 88.8 -> 79.7 us, V-trace
-# 198.0 -> 178.8 us (tile_sweep_nreg_h200.json), Retrace 390.2 -> 359.6 us; TD(lambda) now takes
-# 4-warp blocks capped at 80 registers (0-4 spills): 97.6 -> 93.0 us (tile_sweep_nreg2_h200.json).
-# Reading the chunk twice instead of holding it (72 registers for GAE, no spill) was slower (NOTES.md,
-# "Performance", item O).
+# (16x1,048,576: GAE 113-119 us vs 121-131 in two passes, V-trace 202-213 vs 229, Retrace
+# 0.55-0.57 of copy vs 0.47; traces 0.51 two-pass vs 0.47 look-back); 2048-step blocks for GAE,
+# the returns and TD(lambda) (1x16,777,216: GAE 0.46-0.50 vs 0.43-0.44), 1024 for V-trace and
+# Retrace (V-trace 1x16,777,216: 0.49-0.51 vs 0.43-0.47); TD(lambda)'s with 2 warps (16x1,048,576:
+# 0.55 vs 0.49 with 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5; until the register caps
+# below); windows of 64 blocks for GAE (16x1,048,576: 113 vs 130 us) and TD(lambda) (re-swept with
+# blocks numbered by program id, tile_sweep_long7: 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs
+# 15.8 us), 256 for the others (V-trace 64x262,144: 187 vs 203 us; 175 vs 192 in long7). The same
+# sweep found no better block length, window or warps for the others under program ids
+# (long7*_h200.json). Last, the register cap of a look-back block (Triton's maxnreg; None: the
+# compiler's choice), for float32 inputs: a look-back block holds its chunk in registers while it
+# waits for the blocks before it, so its throughput is set by how many blocks fit on an SM, and
+# capping GAE's and the discounted returns' 93 registers at 72 (7 blocks of 4 warps per SM instead
+# of 5), V-trace's 118 at 80 (6 instead of 4) and Retrace's 136 at 128 (4 instead of 3) paid for
+# the few registers spilled around the wait (2-10, 14, 6; stored once before it, loaded once
+# after): 16x1,048,576 GAE 105.2 -> 94.9 us, discounted 88.8 -> 79.7 us, V-trace 198.0 -> 178.8 us
+# (tile_sweep_nreg_h200.json), Retrace 390.2 -> 359.6 us; TD(lambda) now takes 4-warp blocks
+# capped at 80 registers (0-4 spills): 97.6 -> 93.0 us (tile_sweep_nreg2_h200.json). Reading the
+# chunk twice instead of holding it (72 registers for GAE, no spill) was slower (NOTES.md,
+# "Performance", item P).
 _SPLIT_POLICY = {
     "gae": (2, True, 64, None, 72),
     "vtrace": (1, True, 256, None, 80),

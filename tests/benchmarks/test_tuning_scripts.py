@@ -68,11 +68,21 @@ def test_tile_sweep_policy_override_restores():
         4,
         True,
         64,
-    )  # look-back
+        72,
+    )  # look-back, register cap
     assert tile_sweep._effective("compute_retrace", 1, 1 << 20, torch.float32)[6] is True
     assert tile_sweep._effective("compute_eligibility_traces", 1, 1 << 20, torch.float32)[6] is False  # two passes
     with tile_sweep.policy(_LOOKBACK=False, _SPLIT_FACTOR=1):
-        assert tile_sweep._effective("compute_gae", 1, 1 << 20, torch.float32)[1:] == (1024, 4, 1024, 1, 4, False, 1)
+        assert tile_sweep._effective("compute_gae", 1, 1 << 20, torch.float32)[1:] == (
+            1024,
+            4,
+            1024,
+            1,
+            4,
+            False,
+            1,
+            None,
+        )
     assert launch._tiles(4096, 2048) == before
     f32, bf16 = torch.float32, torch.bfloat16
     assert [launch._group(launch._tiles(4096, t), f32) for t in (8, 16, 2048)] == [-4, 4, 4]
