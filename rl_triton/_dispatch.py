@@ -42,13 +42,17 @@ def current_backend() -> str:
     return _backend.get()
 
 
-def use_kernels(device: torch.device) -> bool:
+def use_kernels(device: torch.device, device_type: str | None = None) -> bool:
+    """Whether a call on ``device`` runs the kernels (``device_type``: ``device.type`` when the caller
+    has it at hand)."""
     choice = _backend.get()
     if choice == "torch":
         return False
-    if device.type == "cuda":
+    if device_type is None:
+        device_type = device.type
+    if device_type == "cuda":
         return True
-    if device.type == "cpu" and _config.INTERPRET:
+    if device_type == "cpu" and _config.INTERPRET:
         return True
     if choice == "triton":
         raise RuntimeError(
@@ -82,14 +86,16 @@ def run(
     """Runs one validated call on the chosen backend and returns its outputs (2-D)."""
     if p.empty:
         return tuple(p.new_output() for _ in range(n_out))
-    if not use_kernels(p.device):
+    if not use_kernels(p.device, p.device_type or None):
         outs = algo(p.tensors, scalars, p.acc_dtype, _torch_scan)
         return tuple(o.to(p.dtype) for o in outs)
     if torch.is_grad_enabled():
         tensors = p.tensors
-        names = [n for n in differentiable if tensors.get(n) is not None]
-        if any(tensors[n].requires_grad for n in names):
-            return _KernelWithGrad.apply(p, algo, scalars, kernel, names, *[tensors[n] for n in names])
+        for n in differentiable:
+            t = tensors.get(n)
+            if t is not None and t.requires_grad:
+                names = [n for n in differentiable if tensors.get(n) is not None]
+                return _KernelWithGrad.apply(p, algo, scalars, kernel, names, *[tensors[n] for n in names])
     return kernel()
 
 

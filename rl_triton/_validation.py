@@ -40,6 +40,10 @@ class Prepared:
     # The launch plans of this call signature (kernels/launch.py), shared by every call that hits
     # the same validation cache entry; None when the signature is not cached.
     plans: dict | None = None
+    device_type: str = ""  # device.type, read once per signature (torch.device.type costs ~0.3 us)
+    # A (num_envs, seq_len) contiguous tensor of the output dtype and device (the first per-step
+    # input), which new_output allocates like; None: allocate from the fields above.
+    like: torch.Tensor | None = None
 
     @property
     def acc_dtype(self) -> torch.dtype:
@@ -50,6 +54,9 @@ class Prepared:
         return self.num_envs == 0 or self.seq_len == 0
 
     def new_output(self) -> torch.Tensor:
+        like = self.like
+        if like is not None:
+            return torch.empty_like(like, memory_format=torch.contiguous_format)  # cheaper than dtype= device=
         return torch.empty((self.num_envs, self.seq_len), dtype=self.dtype, device=self.device)
 
     def finish(self, out: torch.Tensor) -> torch.Tensor:
@@ -114,38 +121,42 @@ def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | 
 # replay, no symbolic shapes), and never CPU actions (their range check reads the values). The
 # signature also records each tensor's 16-byte alignment, which the kernels are specialised on: the
 # entry keeps the call's launch plans (kernels/launch.py), so a hit skips the launch decisions too.
+#
+# An entry is (num_envs, seq_len, dtype, device, squeeze, num_actions, device type, views, like,
+# plans): ``views`` gives, per tensor in signature order, what :func:`_kernel_view` does to it (a
+# bitmask of _UNSQUEEZE and _AS_BYTES; both follow from the signature), so a hit applies the views
+# without re-deriving them; ``like`` names the input outputs are allocated like (Prepared.like).
 _CACHE: dict = {}
 _CACHE_MAX = 512
+_UNSQUEEZE = 1
+_AS_BYTES = 2
 
 
 def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _signature(fn: str, required: tuple, groups: tuple) -> tuple | None:
-    """The cache key of a call, or None when it must not be cached. Each group's tensors appear in a
-    fixed order per function, as None or as (shape, dtype, device, 16-byte aligned)."""
-    key = [fn, required]
+def _groups(steps, flags, per_env, per_action, actions) -> tuple:
+    """The argument groups of a call in signature order (absent groups count as empty)."""
+    return (steps, flags, per_env or {}, per_action or {}, {} if actions is None else {actions[0]: actions[1]})
+
+
+def _first_given(steps: dict) -> str | None:
+    """The name of the first per-step float input given: its kernel view is what outputs are
+    allocated like (:meth:`Prepared.new_output`)."""
+    return next((name for name, t in steps.items() if t is not None), None)
+
+
+def _views(groups: tuple, squeeze: bool) -> tuple:
+    """Per tensor in signature order, the :func:`_kernel_view` bitmask (0 for None)."""
+    views = []
     for group in groups:
         for t in group.values():
-            if t is None:
-                key.append(None)
-            elif type(t) is torch.Tensor and t.is_contiguous():
-                key.append((t.shape, t.dtype, t.device, t.data_ptr() % 16 == 0))
-            else:
-                return None
-    return tuple(key)
-
-
-def _from_cache(fn: str, meta: tuple, groups: tuple) -> Prepared:
-    """A cache hit: the tensors are contiguous (the signature checked), so only
-    :func:`_kernel_view` remains."""
-    num_envs, seq_len, dtype, device, squeeze, num_actions, plans = meta
-    tensors = {}
-    for group in groups:
-        for name, t in group.items():
-            tensors[name] = None if t is None else _kernel_view(t, squeeze)
-    return Prepared(fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans)
+            kind = 0
+            if t is not None:
+                kind = (_UNSQUEEZE if squeeze else 0) | (_AS_BYTES if t.dtype == torch.bool else 0)
+            views.append(kind)
+    return tuple(views)
 
 
 def prepare(
@@ -160,14 +171,50 @@ def prepare(
 ) -> Prepared:
     """Validates and normalises the tensors of one call (see :func:`_prepare`); calls whose
     signature passed validation before take the cached result."""
-    groups = (steps, flags, per_env or {}, per_action or {}, {} if actions is None else {actions[0]: actions[1]})
     key = None
     if actions is None or (isinstance(actions[1], torch.Tensor) and actions[1].device.type != "cpu"):
-        key = _signature(fn, required, groups)
-    if key is not None:
-        meta = _CACHE.get(key)
-        if meta is not None:
-            return _from_cache(fn, meta, groups)
+        # the signature and the (name, tensor) pairs in one pass (the cache hit path: kept lean)
+        key = [fn, required]
+        items = []
+        for group in (steps, flags, per_env, per_action):
+            if not group:
+                continue
+            for item in group.items():
+                t = item[1]
+                if t is None:
+                    key.append(None)
+                elif type(t) is torch.Tensor and t.is_contiguous():
+                    key.append((t.shape, t.dtype, t.device, t.data_ptr() % 16 == 0))
+                else:
+                    key = None
+                    break
+                items.append(item)
+            if key is None:
+                break
+        if key is not None and actions is not None:
+            t = actions[1]
+            if type(t) is torch.Tensor and t.is_contiguous():
+                key.append((t.shape, t.dtype, t.device, t.data_ptr() % 16 == 0))
+                items.append(actions)
+            else:
+                key = None
+        if key is not None:
+            key = tuple(key)
+            meta = _CACHE.get(key)
+            if meta is not None:
+                num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, views, like, plans = meta
+                tensors = {}
+                for (name, t), view in zip(items, views, strict=True):
+                    if view:
+                        if view & _UNSQUEEZE:
+                            t = t.unsqueeze(0)
+                        if view & _AS_BYTES:
+                            t = t.view(torch.uint8)
+                    tensors[name] = t
+                return Prepared(
+                    fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans, device_type,
+                    None if like is None else tensors[like],
+                )  # fmt: skip
     out = _prepare(
         fn, steps=steps, flags=flags, per_env=per_env, per_action=per_action, actions=actions, required=required
     )
@@ -175,7 +222,11 @@ def prepare(
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
         out.plans = {}
-        _CACHE[key] = (out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.plans)
+        views = _views(_groups(steps, flags, per_env, per_action, actions), out.squeeze)
+        _CACHE[key] = (
+            out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.device_type, views,
+            _first_given(steps), out.plans,
+        )  # fmt: skip
     return out
 
 
@@ -275,6 +326,7 @@ def _prepare(
         device=device,
         squeeze=squeeze,
         num_actions=num_actions,
+        device_type=device.type,
     )
 
     if actions is not None:
@@ -293,6 +345,8 @@ def _prepare(
 
     for name, t in everything.items():
         out.tensors[name] = _layout(name, t, squeeze)
+    like = _first_given(steps)
+    out.like = None if like is None else out.tensors[like]
     return out
 
 

@@ -26,6 +26,13 @@ from ._ops import compilable
 from ._validation import check_data, check_probabilities, prepare, scalar
 
 _BOOT_DIFF = ("bootstrap_values", "last_value")
+# per-call constants (a tuple built in the call would be rebuilt, and hashed by the validation cache, every time)
+_GAE_REQUIRED = {
+    False: ("rewards", "values", "terminateds"),
+    True: ("rewards", "values", "terminateds", "bootstrap_values"),
+}
+_GAE_DIFF = ("rewards", "values", *_BOOT_DIFF)
+_VTRACE_REQUIRED = ("log_pi_target", "log_pi_behavior", "values", "rewards", "terminateds")
 _LAUNCH = None
 
 
@@ -103,7 +110,7 @@ def _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap
         steps={"rewards": rewards, "values": values, "bootstrap_values": bootstrap_values},
         flags={"terminateds": terminateds, "truncateds": truncateds},
         per_env={"last_value": last_value},
-        required=("rewards", "values", "terminateds", *(("bootstrap_values",) if next_all else ())),
+        required=_GAE_REQUIRED[next_all],
     )
     if not next_all:
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
@@ -112,7 +119,7 @@ def _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap
         launch = _launchers()
         return (launch.gae(p, s["gamma"], s["lambda_"], next_all),)
 
-    (adv,) = run(p, reference.gae, s, kernel, ("rewards", "values", *_BOOT_DIFF), 1)
+    (adv,) = run(p, reference.gae, s, kernel, _GAE_DIFF, 1)
     return p.finish(adv)
 
 
@@ -208,7 +215,7 @@ def _vtrace(
         },
         flags={"terminateds": terminateds, "truncateds": truncateds},
         per_env={"last_value": last_value},
-        required=("log_pi_target", "log_pi_behavior", "values", "rewards", "terminateds"),
+        required=_VTRACE_REQUIRED,
     )
     if not next_all:
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
@@ -217,7 +224,7 @@ def _vtrace(
         launch = _launchers()
         return launch.vtrace(p, s["gamma"], s["rho_bar"], s["c_bar"], next_all)
 
-    vs, adv = run(p, reference.vtrace, s, kernel, ("rewards", "values", *_BOOT_DIFF), 2)
+    vs, adv = run(p, reference.vtrace, s, kernel, _GAE_DIFF, 2)
     return p.finish(vs), p.finish(adv)
 
 

@@ -22,7 +22,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from tensordict import is_tensor_collection
+from tensordict import TensorDict, is_tensor_collection
 from tensordict.nn import CompositeDistribution, dispatch, set_composite_lp_aggregate
 from tensordict.utils import NestedKey
 from torchrl.objectives.utils import _maybe_get_or_select, hold_out_net
@@ -33,6 +33,7 @@ from torchrl.objectives.value.advantages import _self_set_grad_enabled, _self_se
 from .. import functional as F
 from ._common import (
     CachedScalars,
+    KeyPaths,
     as_float,
     common_float_dtype,
     copy_signature,
@@ -40,7 +41,10 @@ from ._common import (
     from_rows,
     in_unit,
     non_negative,
+    rows_shape,
     same_shapes,
+    td_internals,
+    td_set,
     to_rows,
 )
 
@@ -48,6 +52,32 @@ __all__ = ["GAE", "MultiAgentGAE", "TD0Estimator", "TD1Estimator", "TDLambdaEsti
 
 
 _TD0_ROW = 64  # row length of the flat TD(0) layout
+_SHIFTED_VALID = ("shifted_valid",)  # TorchRL's mask of a shifted value-network call
+# What the fast paths read (KeyPaths.fetch): (in "next", field of tensor_keys) or a literal path
+_FAST_ENTRIES = (
+    (False, "value"), (True, "value"), (True, "reward"), (True, "done"), (True, "terminated"),
+    (False, "steps_to_next_obs"), _SHIFTED_VALID,
+)  # fmt: skip
+# What the TD estimators' forward calls that their fast path skips (see _stock)
+_TD_HOOKS = (
+    "_forward", "_td_forward", "_td_inputs", "value_estimate", "_values", "_signals", "_steps_to_next_obs",
+    "_prepare_shifted_tensordict", "_mask_shifted_output", "_fast_forward", "_fast_td", "_fast_inputs",
+    "_grad_mode_differs",
+)  # fmt: skip
+# What V-trace's forward calls that its common case reads at once instead
+_VTRACE_HOOKS = (
+    "_values", "_signals", "_steps_to_next_obs", "_prepare_shifted_tensordict", "_fast_inputs", "_vtrace_forward",
+)  # fmt: skip
+_STOCK: dict = {}
+
+
+def _stock(cls, base, names: tuple) -> bool:
+    """Whether ``cls`` inherits ``base``'s version of every method in ``names`` (cached per class):
+    a subclass that overrides one of the steps a fast path skips keeps the general path."""
+    ok = _STOCK.get((cls, base))
+    if ok is None:
+        ok = _STOCK[cls, base] = all(getattr(cls, name) is getattr(base, name) for name in names)
+    return ok
 
 
 def _on_rows(fn, floats, flags, dim: int, n_out: int, **kwargs):
@@ -177,6 +207,90 @@ class _RLTritonEstimator(CachedScalars):
         tensordict.set(("next", self.tensor_keys.reward), reward)
         return reward
 
+    # ---------------------------------------------------------------- fast paths
+    #
+    # A forward call ``est(tensordict)`` without a value network whose entries are plain tensors of
+    # one shape runs the numbers directly: no TorchRL decorators (their effect is reproduced: the
+    # grad mode; skip_existing only concerns value-network calls), no key unravelling (KeyPaths),
+    # tensordict reads and writes without re-validation (td_internals), no shifted-tensordict
+    # copies. Anything else returns None before writing and takes the general, decorated path.
+
+    def _fast_inputs(self, tensordict, time_dim, rows_needed: bool = True):
+        """The common case: ``tensordict`` has batch dims, its value, next value, reward, done and
+        terminated entries (``tensor_keys``) are plain tensors of one shape, the three float ones of
+        one dtype, and it holds no ``steps_to_next_obs`` and no ``shifted_valid`` entry. Returns
+        ``(keys, internals, value, next_value, reward, done, terminated, rows)``, ``rows`` being the
+        ``(N, T)`` shape :func:`to_rows` gives by a reshape (None unless ``rows_needed``), or None."""
+        if not tensordict.batch_size:
+            return None
+        internals = td_internals()
+        paths = KeyPaths.of(self)
+        got = paths.fetch(tensordict, _FAST_ENTRIES, internals)
+        if got is None:
+            return None
+        value, next_value, reward, done, terminated, steps, valid = got
+        if terminated is None:
+            terminated = done
+        Tensor = torch.Tensor
+        if (
+            steps is not None
+            or valid is not None
+            or type(value) is not Tensor
+            or type(next_value) is not Tensor
+            or type(reward) is not Tensor
+            or type(done) is not Tensor
+            or type(terminated) is not Tensor
+        ):
+            return None
+        shape, dtype = value.shape, value.dtype
+        if (
+            next_value.shape != shape
+            or reward.shape != shape
+            or done.shape != shape
+            or terminated.shape != shape
+            or next_value.dtype != dtype
+            or reward.dtype != dtype
+        ):
+            return None
+        rows = None
+        if rows_needed:
+            rows = rows_shape(shape, self._get_time_dim(time_dim, tensordict))
+            if rows is None:
+                return None
+        return paths.keys, internals, value, next_value, reward, done, terminated, rows
+
+    def _grad_mode_differs(self, *tensors) -> bool:
+        """Whether ops on ``tensors`` must run under ``torch.set_grad_enabled(self.differentiable)``
+        (TorchRL's ``_self_set_grad_enabled``): only when the mode differs and one of them requires
+        grad; otherwise no op records a graph in either mode."""
+        if torch.is_grad_enabled() == self.differentiable:
+            return False
+        for t in tensors:
+            if t.requires_grad:
+                return True
+        return False
+
+    def _fast_td(self, tensordict, value_target_fn, gamma_ok: bool, rows_needed: bool = True):
+        """TD(0)/TD(1)/TD(lambda) fast path: ``value_target_fn(value, next_value, reward, done,
+        terminated, rows)`` gives the target; writes ``advantage`` and ``value_target`` as
+        :meth:`_td_forward` does. None when the call is not the common case."""
+        if not gamma_ok or self.average_rewards or self.is_stateless:
+            return None
+        got = self._fast_inputs(tensordict, None, rows_needed)
+        if got is None:
+            return None
+        keys, internals, value, next_value, reward, done, terminated, rows = got
+        if self._grad_mode_differs(value, next_value, reward):
+            with torch.set_grad_enabled(self.differentiable):
+                value_target = value_target_fn(value, next_value, reward, done, terminated, rows)
+                advantage = value_target - value
+        else:
+            value_target = value_target_fn(value, next_value, reward, done, terminated, rows)
+            advantage = value_target - value
+        td_set(tensordict, keys["advantage"], advantage, internals)
+        td_set(tensordict, keys["value_target"], value_target, internals)
+        return tensordict
+
     def _td_forward(self, tensordict, params, target_params):
         """TD(0)/TD(1)/TD(lambda) forward pass (value_target from :meth:`value_estimate`)."""
         if tensordict.batch_dims < 1:
@@ -224,11 +338,33 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         super().__init__(**kwargs)
         self._prime_scalars(gamma=kwargs.get("gamma"))
 
+    def forward(self, *args, params=None, target_params=None, **kwargs):
+        """Computes the TD(0) advantage and target (see :class:`torchrl.objectives.value.TD0Estimator`).
+
+        ``est(tensordict)`` without a value network takes a fast path in the common case
+        (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
+        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
+            out = self._fast_forward(args[0])
+            if out is not None:
+                return out
+        return self._forward(*args, params=params, target_params=target_params, **kwargs)
+
+    def _fast_forward(self, tensordict):
+        if not _stock(type(self), TD0Estimator, _TD_HOOKS + ("_td0_rows", "_all_steps")):
+            return None
+        gamma = self._scalar("gamma")
+        gamma_ok = gamma is not None and 0.0 <= gamma <= 1.0
+
+        def target(value, next_value, reward, done, terminated, rows):
+            return self._td0_rows(reward, next_value, terminated, gamma)
+
+        return self._fast_td(tensordict, target, gamma_ok, rows_needed=False)
+
     @_self_set_skip_existing
     @_self_set_grad_enabled
     @dispatch
-    def forward(self, tensordict, *, params=None, target_params=None):
-        """Computes the TD(0) advantage and target (see :class:`torchrl.objectives.value.TD0Estimator`)."""
+    def _forward(self, tensordict, *, params=None, target_params=None):
+        """TorchRL's TD(0) forward, rl_triton-backed (every case :meth:`forward` does not take faster)."""
         return self._td_forward(tensordict, params, target_params)
 
     def value_estimate(self, tensordict, target_params=None, next_value=None, **kwargs):
@@ -249,17 +385,36 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
                 done=done,
                 terminated=terminated,
             )
+        return self._td0_rows(reward, next_value, terminated, gamma)
+
+    def _td0_rows(self, reward, next_value, terminated, gamma):
+        """The TD(0) target of same-shape ``reward``, ``next_value`` and ``terminated``."""
         # elementwise: any (N, L) split of the flat data gives the same numbers; short rows keep
         # every kernel program busy (one long row would be a sequential walk over all elements)
         dtype = common_float_dtype(reward, next_value)
-        rows = (-1, math.gcd(reward.numel(), _TD0_ROW)) if reward.numel() else (0, 1)
+        numel = reward.numel()
+        rows = (-1, math.gcd(numel, _TD0_ROW)) if numel else (0, 1)
         nv = as_float(next_value, dtype).reshape(rows)
         r = as_float(reward, dtype).reshape(rows)
-        every_step = torch.ones(r.shape, dtype=torch.bool, device=r.device)
+        every_step = self._all_steps(r.shape, r.device)
         out = F.compute_lambda_returns(
             r, nv, terminated.reshape(rows), every_step, gamma=gamma, lambda_=0.0, bootstrap_values=nv
         )
         return out.view(reward.shape)
+
+    def _all_steps(self, shape, device) -> torch.Tensor:
+        """An all-True bool tensor of ``shape`` (every step a boundary), kept for the next call of the
+        same shape: it is only ever read, and allocating it (a fill kernel) would cost each call a
+        launch. Tensors made in inference mode are kept apart (they cannot be saved for backward), and
+        so are CUDA streams (a call on another stream must not read it before its fill has run)."""
+        stream = torch._C._cuda_getCurrentRawStream(device.index or 0) if device.type == "cuda" else None
+        key = (shape, device, torch.is_inference_mode_enabled(), stream)
+        hit = self.__dict__.get("_rlt_all_steps")
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        ones = torch.ones(shape, dtype=torch.bool, device=device)
+        self.__dict__["_rlt_all_steps"] = (key, ones)
+        return ones
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,11 +444,39 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
         super().__init__(**kwargs)
         self._prime_scalars(gamma=kwargs.get("gamma"))
 
+    def forward(self, *args, params=None, target_params=None, **kwargs):
+        """Computes the TD(1) advantage and target (see :class:`torchrl.objectives.value.TD1Estimator`).
+
+        ``est(tensordict)`` without a value network takes a fast path in the common case
+        (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
+        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
+            out = self._fast_forward(args[0])
+            if out is not None:
+                return out
+        return self._forward(*args, params=params, target_params=target_params, **kwargs)
+
+    def _fast_forward(self, tensordict):
+        if not _stock(type(self), TD1Estimator, _TD_HOOKS):
+            return None
+        gamma = self._scalar("gamma")
+        gamma_ok = gamma is not None and 0.0 <= gamma <= 1.0
+
+        def target(value, next_value, reward, done, terminated, rows):
+            return F.compute_discounted_returns(
+                reward.reshape(rows),
+                terminated.reshape(rows),
+                done.reshape(rows),
+                gamma=gamma,
+                bootstrap_values=next_value.reshape(rows),
+            ).reshape(reward.shape)
+
+        return self._fast_td(tensordict, target, gamma_ok)
+
     @_self_set_skip_existing
     @_self_set_grad_enabled
     @dispatch
-    def forward(self, tensordict, *, params=None, target_params=None):
-        """Computes the TD(1) advantage and target (see :class:`torchrl.objectives.value.TD1Estimator`)."""
+    def _forward(self, tensordict, *, params=None, target_params=None):
+        """TorchRL's TD(1) forward, rl_triton-backed (every case :meth:`forward` does not take faster)."""
         return self._td_forward(tensordict, params, target_params)
 
     def value_estimate(self, tensordict, target_params=None, next_value=None, time_dim=None, **kwargs):
@@ -347,11 +530,42 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
         super().__init__(**kwargs)
         self._prime_scalars(gamma=kwargs.get("gamma"), lmbda=kwargs.get("lmbda"))
 
+    def forward(self, *args, params=None, target_params=None, **kwargs):
+        """Computes the TD(lambda) advantage and target (see :class:`torchrl.objectives.value.TDLambdaEstimator`).
+
+        ``est(tensordict)`` without a value network takes a fast path in the common case
+        (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
+        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
+            out = self._fast_forward(args[0])
+            if out is not None:
+                return out
+        return self._forward(*args, params=params, target_params=target_params, **kwargs)
+
+    def _fast_forward(self, tensordict):
+        if not _stock(type(self), TDLambdaEstimator, _TD_HOOKS):
+            return None
+        gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
+        gamma_ok = gamma is not None and lmbda is not None and 0.0 <= gamma <= 1.0 and 0.0 <= lmbda <= 1.0
+
+        def target(value, next_value, reward, done, terminated, rows):
+            nv = next_value.reshape(rows)
+            return F.compute_lambda_returns(
+                reward.reshape(rows),
+                nv,
+                terminated.reshape(rows),
+                done.reshape(rows),
+                gamma=gamma,
+                lambda_=lmbda,
+                bootstrap_values=nv,
+            ).reshape(reward.shape)
+
+        return self._fast_td(tensordict, target, gamma_ok)
+
     @_self_set_skip_existing
     @_self_set_grad_enabled
     @dispatch
-    def forward(self, tensordict, *, params=None, target_params=None):
-        """Computes the TD(lambda) advantage and target (see :class:`torchrl.objectives.value.TDLambdaEstimator`)."""
+    def _forward(self, tensordict, *, params=None, target_params=None):
+        """TorchRL's TD(lambda) forward, rl_triton-backed (every case :meth:`forward` does not take faster)."""
         return self._td_forward(tensordict, params, target_params)
 
     def value_estimate(self, tensordict, target_params=None, next_value=None, time_dim=None, **kwargs):
@@ -441,11 +655,58 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         )
         return adv, adv + value
 
+    def forward(self, *args, params=None, target_params=None, time_dim=None, **kwargs):
+        """Computes GAE (see :class:`torchrl.objectives.value.GAE`); writes ``advantage`` and ``value_target``.
+
+        Called as ``gae(tensordict)`` without a value network, the common case (values already in
+        the tensordict, plain time-last or ``[..., T, 1]`` entries of one shape and float dtype, no
+        per-step discount, no ``shifted_valid``, ``auto_reset_env`` off) takes :meth:`_fast_forward`;
+        everything else TorchRL's decorated forward (:meth:`_forward`). Both give the same outputs.
+        """
+        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
+            out = self._fast_forward(args[0], time_dim)
+            if out is not None:
+                return out
+        return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
+
+    def _fast_forward(self, tensordict, time_dim):
+        """:meth:`_forward` for the common case (:meth:`_fast_inputs`, ``auto_reset_env`` off, scalar
+        ``gamma``/``lmbda`` in [0, 1]); None (nothing read or written) otherwise."""
+        if self.auto_reset_env or not _stock_gae(type(self)):
+            return None
+        gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
+        if gamma is None or lmbda is None or not (0.0 <= gamma <= 1.0 and 0.0 <= lmbda <= 1.0):
+            return None
+        got = self._fast_inputs(tensordict, time_dim)
+        if got is None:
+            return None
+        if self._grad_mode_differs(got[2], got[3], got[4]):
+            with torch.set_grad_enabled(self.differentiable):
+                return self._fast_gae(tensordict, *got, gamma, lmbda)
+        return self._fast_gae(tensordict, *got, gamma, lmbda)
+
+    def _fast_gae(self, tensordict, keys, internals, value, next_value, reward, done, terminated, rows, gamma, lmbda):
+        adv = F.gae_with_next_values(
+            reward.reshape(rows),
+            value.reshape(rows),
+            next_value.reshape(rows),
+            terminated.reshape(rows),
+            done.reshape(rows),
+            gamma=gamma,
+            lambda_=lmbda,
+        ).reshape(value.shape)
+        value_target = adv + value
+        if self.average_gae:
+            adv = self._normalize_advantage(adv, None, groups=self._group_ids(tensordict))
+        td_set(tensordict, keys["advantage"], adv, internals)
+        td_set(tensordict, keys["value_target"], value_target, internals)
+        return tensordict
+
     @_self_set_skip_existing
     @_self_set_grad_enabled
     @dispatch
-    def forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
-        """Computes GAE (see :class:`torchrl.objectives.value.GAE`); writes ``advantage`` and ``value_target``."""
+    def _forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
+        """TorchRL's GAE forward, rl_triton-backed (every case :meth:`forward` does not take faster)."""
         if tensordict.batch_dims < 1:
             raise RuntimeError(
                 "Expected input tensordict to have at least one dimension, got "
@@ -496,6 +757,24 @@ class GAE(_RLTritonEstimator, _trl.GAE):
             steps_reward, steps, value, next_value, reward, done, terminated, time_dim, vectorized=True
         )
         return value_target
+
+
+# What GAE's forward calls that its fast path skips: a subclass overriding any of these (beyond
+# MultiAgentGAE's broadcast of team signals, a no-op for the same-shape tensors the fast path takes)
+# keeps the general path.
+_GAE_HOOKS = (
+    "_forward", "_values", "_signals", "_steps_to_next_obs", "_prepare_shifted_tensordict", "_mask_shifted_output",
+    "_gae", "_fast_forward", "_fast_gae", "_fast_inputs", "_grad_mode_differs",
+)  # fmt: skip
+
+
+def _stock_gae(cls) -> bool:
+    ok = _STOCK.get(cls)
+    if ok is None:
+        ok = _STOCK[cls] = _stock(cls, GAE, _GAE_HOOKS) and (
+            cls._prepare_signals in (_trl.GAE._prepare_signals, _trl.MultiAgentGAE._prepare_signals)
+        )
+    return ok
 
 
 class MultiAgentGAE(_trl.MultiAgentGAE, GAE):
@@ -619,19 +898,44 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
             log_pi = log_pi.flatten(tensordict.ndim, -1).sum(-1)
         return log_pi.reshape(value.shape)
 
+    def forward(self, *args, params=None, target_params=None, time_dim=None, **kwargs):
+        """Computes V-trace (see :class:`torchrl.objectives.value.VTrace`); writes ``advantage``, ``value_target``.
+
+        ``est(tensordict)`` on a ``TensorDict`` with ``skip_existing`` unset runs
+        :meth:`_vtrace_forward` without TorchRL's decorators, whose effect there is the grad mode
+        alone (reproduced); everything else goes through the decorated :meth:`_forward`."""
+        if len(args) == 1 and not kwargs and self.skip_existing is None and type(args[0]) is TensorDict:
+            if torch.is_grad_enabled() != self.differentiable:
+                with torch.set_grad_enabled(self.differentiable):
+                    return self._vtrace_forward(args[0], params, target_params, time_dim)
+            return self._vtrace_forward(args[0], params, target_params, time_dim)
+        return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
+
     @_self_set_skip_existing
     @_self_set_grad_enabled
     @dispatch
-    def forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
-        """Computes V-trace (see :class:`torchrl.objectives.value.VTrace`); writes ``advantage``, ``value_target``."""
+    def _forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
+        """TorchRL's V-trace forward, decorated (every call :meth:`forward` does not take directly)."""
+        return self._vtrace_forward(tensordict, params, target_params, time_dim)
+
+    def _vtrace_forward(self, tensordict, params, target_params, time_dim):
         if tensordict.batch_dims < 1:
             raise RuntimeError(
                 "Expected input tensordict to have at least one dimensions, got "
                 f"tensordict.batch_size = {tensordict.batch_size}"
             )
-        steps = self._steps_to_next_obs(tensordict)
-        steps_reward = tensordict.get(("next", self.tensor_keys.reward))
-        value, next_value = self._values(tensordict, params, target_params, always_hold=True)
+        got = None
+        if self.value_network is None and type(tensordict) is TensorDict and _stock(type(self), VTrace, _VTRACE_HOOKS):
+            # the common case: the entries read at once (same values as the reads below)
+            got = self._fast_inputs(tensordict, time_dim, rows_needed=False)
+        if got is not None:
+            _, _, value, next_value, reward, done, terminated, _ = got
+            steps = valid = None
+            steps_reward = reward
+        else:
+            steps = self._steps_to_next_obs(tensordict)
+            steps_reward = tensordict.get(("next", self.tensor_keys.reward))
+            value, next_value = self._values(tensordict, params, target_params, always_hold=True)
 
         lp = _maybe_get_or_select(tensordict, self.tensor_keys.sample_log_prob)
         if is_tensor_collection(lp):
@@ -640,9 +944,10 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
         log_pi = self._log_pi(tensordict, value)
 
         time_dim = self._get_time_dim(time_dim, tensordict)
-        valid = tensordict.get("shifted_valid", default=None)
-        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
-        reward, done, terminated = self._signals(data_for_value)
+        if got is None:
+            valid = tensordict.get("shifted_valid", default=None)
+            data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+            reward, done, terminated = self._signals(data_for_value)
 
         gamma, rho, c = self._scalar("gamma"), self._scalar("rho_thresh"), self._scalar("c_thresh")
         if (
@@ -679,7 +984,9 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
                 adv = (adv - adv.mean()) / adv.std().clamp_min(1e-5)
             else:
                 adv = _trl._standardize_by_group(adv, groups, eps=1e-5)
-        tensordict.set(self.tensor_keys.advantage, adv)
-        tensordict.set(self.tensor_keys.value_target, value_target)
+        # outputs shaped like the value entry read from this TensorDict pass set()'s checks
+        direct = got is not None and td_internals() and adv.shape == value.shape == value_target.shape
+        td_set(tensordict, self.tensor_keys.advantage, adv, direct)
+        td_set(tensordict, self.tensor_keys.value_target, value_target, direct)
         self._mask_shifted_output(tensordict, valid)
         return tensordict

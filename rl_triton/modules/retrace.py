@@ -6,7 +6,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase, is_tensor_collection
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 from tensordict.nn import TensorDictModule, dispatch
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.objectives.utils import hold_out_net
@@ -23,6 +23,9 @@ from ._common import (
     expose_inherited_keys,
     in_unit,
     non_negative,
+    td_get,
+    td_internals,
+    td_set,
     to_rows,
     to_rows_actions,
 )
@@ -230,8 +233,8 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
                     vmap_randomness=self.vmap_randomness,
                 )
             return q, next_q
-        q = tensordict.get(key, None)
-        next_q = tensordict.get(("next", key), None)
+        q = td_get(tensordict, key)
+        next_q = td_get(tensordict, ("next", key))
         for name, t in ((key, q), (("next", key), next_q)):
             if t is None:
                 raise KeyError(f"Retrace: the action values {name!r} are missing and no value_network was given")
@@ -239,7 +242,7 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
 
     def _target_probs(self, tensordict, next_state: bool):
         key = self.tensor_keys.target_probs
-        probs = tensordict.get(("next", key) if next_state else key, None)
+        probs = td_get(tensordict, ("next", key) if next_state else key)
         if probs is not None or self.actor_network is None:
             return probs
         source = tensordict.get("next", None) if next_state else tensordict
@@ -264,7 +267,7 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
         if key in _LOG_PROB_DEFAULTS:
             candidates += [k for k in _LOG_PROB_DEFAULTS if k != key]
         for k in candidates:
-            lp = tensordict.get(k, None)
+            lp = td_get(tensordict, k)
             if lp is not None:
                 if is_tensor_collection(lp):
                     lp = lp.sum(dim="feature", reduce=True)
@@ -288,7 +291,7 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
     # ---------------------------------------------------------------------------- compute
 
     def _retrace(self, tensordict: TensorDictBase, q_all, next_q_all, time_dim: int):
-        if tensordict.get(self.tensor_keys.steps_to_next_obs, None) is not None:
+        if td_get(tensordict, self.tensor_keys.steps_to_next_obs) is not None:
             raise NotImplementedError("Retrace does not support a per-step discount (steps_to_next_obs)")
         gamma, lmbda, c_bar, rho_bar = self._check_scalars()
         batch = tensordict.batch_size
@@ -310,12 +313,14 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
                 )
             return t.reshape(batch)
 
-        reward = tensordict.get(("next", k.reward))
+        reward = td_get(tensordict, ("next", k.reward))
+        if reward is None:
+            reward = tensordict.get(("next", k.reward))  # whatever get() does for a missing entry
         out_shape = reward.shape
         reward = per_step(("next", k.reward), reward)
-        done = tensordict.get(("next", k.done), None)
-        terminated = tensordict.get(("next", k.terminated), None)
-        truncated = tensordict.get(("next", k.truncated), None)
+        done = td_get(tensordict, ("next", k.done))
+        terminated = td_get(tensordict, ("next", k.terminated))
+        truncated = td_get(tensordict, ("next", k.truncated))
         if terminated is None:
             terminated = done if done is not None else torch.zeros(batch, dtype=torch.bool, device=reward.device)
         terminated = per_step(("next", k.terminated), terminated).bool()
@@ -329,7 +334,7 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
         else:
             truncated = torch.zeros_like(terminated)
 
-        action = tensordict.get(k.action, None)
+        action = td_get(tensordict, k.action)
         if action is None:
             raise KeyError(f"Retrace: the stored action {k.action!r} is missing from the tensordict")
         action = self._action_index(action, nb, num_actions)
@@ -370,16 +375,13 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
 
         return back(q_targets), back(adv)
 
-    @_self_set_skip_existing
-    @_self_set_grad_enabled
-    @dispatch
     def forward(
         self,
-        tensordict: TensorDictBase,
-        *,
+        *args,
         params: TensorDictBase | None = None,
         target_params: TensorDictBase | None = None,
         time_dim: int | None = None,
+        **kwargs,
     ) -> TensorDictBase:
         """Writes the Retrace targets (``value_target``) and advantages (``advantage``) into ``tensordict``.
 
@@ -390,7 +392,38 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
             params, target_params: parameters for a functional ``value_network`` (the next-state
                 action values use ``target_params``).
             time_dim: overrides the estimator's ``time_dim`` for this call.
+
+        ``est(tensordict)`` on a ``TensorDict`` runs the computation without TorchRL's decorators
+        when their effect is the grad mode alone (reproduced): ``skip_existing`` unset, or no network
+        for it to apply to.
         """
+        if (
+            len(args) == 1
+            and not kwargs
+            and type(args[0]) is TensorDict
+            and (self.skip_existing is None or (self.value_network is None and self.actor_network is None))
+        ):
+            if torch.is_grad_enabled() != self.differentiable:
+                with torch.set_grad_enabled(self.differentiable):
+                    return self._retrace_forward(args[0], params, target_params, time_dim)
+            return self._retrace_forward(args[0], params, target_params, time_dim)
+        return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
+
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
+    def _forward(
+        self,
+        tensordict: TensorDictBase,
+        *,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+        time_dim: int | None = None,
+    ) -> TensorDictBase:
+        """:meth:`forward` through TorchRL's decorators (skip_existing, grad mode, keyword call form)."""
+        return self._retrace_forward(tensordict, params, target_params, time_dim)
+
+    def _retrace_forward(self, tensordict, params, target_params, time_dim) -> TensorDictBase:
         if tensordict.batch_dims < 1:
             raise RuntimeError(
                 f"Expected input tensordict to have at least one dimension, got tensordict.batch_size = "
@@ -405,8 +438,10 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
                 adv = (adv - adv.mean()) / adv.std().clamp_min(1e-5)
             else:
                 adv = _standardize_by_group(adv, groups, eps=1e-5)
-        tensordict.set(self.tensor_keys.advantage, adv)
-        tensordict.set(self.tensor_keys.value_target, value_target)
+        # both outputs have the shape of the reward entry read from this tensordict: set()'s checks pass
+        direct = type(tensordict) is TensorDict and td_internals()
+        td_set(tensordict, self.tensor_keys.advantage, adv, direct)
+        td_set(tensordict, self.tensor_keys.value_target, value_target, direct)
         return tensordict
 
     def value_estimate(
