@@ -209,8 +209,8 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
 
 def test_lookback_register_caps(monkeypatch):
     """Look-back blocks of float32 inputs launch with _SPLIT_POLICY's register cap (Triton's maxnreg
-    option, not a kernel argument); other dtypes, unmeasured, and the two-pass form without one;
-    launch._MAXNREG overrides it (0: none)."""
+    option, not a kernel argument) from _CAP_MIN_BLOCKS blocks per launch on; other dtypes,
+    unmeasured, and the two-pass form without one; launch._MAXNREG overrides it (0: none)."""
     from rl_triton.kernels import fused
 
     def options(kind, kernel, n, t, dtype=torch.float32):
@@ -228,6 +228,9 @@ def test_lookback_register_caps(monkeypatch):
     assert options("gae", gae, 16, 1 << 20, torch.bfloat16) == [None]
     assert options("forward", fwd, 16, 1 << 20) == [None, None]  # two passes
     assert options("gae", gae, 4096, 512) == [None]  # single pass
+    assert options("gae", gae, 1, 1 << 20) == [None]  # 512 blocks: fewer than _CAP_MIN_BLOCKS["gae"]
+    assert options("gae", gae, 4, 1 << 20) == [72]  # 2048 blocks
+    assert options("vtrace", fused.vtrace_kernel, 1, 1 << 20) == [80]  # V-trace: capped at any size
     monkeypatch.setattr(launch, "_MAXNREG", 0)
     assert options("gae", gae, 16, 1 << 20) == [None]
     monkeypatch.setattr(launch, "_MAXNREG", 96)

@@ -371,6 +371,13 @@ _SPLIT_POLICY = {
     "forward": (1, False, 256, None, None),
     "retrace": (1, True, 256, None, 128),
 }
+# Look-back launches of fewer blocks than this (per kernel; absent: any number) keep the compiler's
+# registers: they are latency-bound rather than limited by blocks per SM (1x1,048,576 is 512 blocks
+# of 2048 steps), and at 1x1,048,576 the caps above cost GAE, the discounted returns and TD(lambda)
+# 0.3-0.6 us (uncapped vs capped, two sweeps each: GAE 15.2 / 15.1 vs 15.5 / 15.5 us, discounted 14.4
+# / 14.6 vs 14.9 / 14.9, TD(lambda) in 4 warps 14.6 vs 14.9; tile_sweep_nreg*_h200.json), while
+# V-trace (22.0 / 22.1 vs 21.5 / 21.3) and Retrace (40.5 vs 36.7) gained there too.
+_CAP_MIN_BLOCKS = {"gae": 2048, "returns": 2048, "returns_nv": 2048}
 # Sweep overrides (None: the kernel's policy): the block chunk factor of _SPLIT_POLICY (capped by
 # _ONE_CHUNK_FACTOR, as one-chunk rows are), the look-back (True / False: always / never), its
 # window, and the warps of blocks longer than a walked chunk (else _chunk_warps).
@@ -443,7 +450,10 @@ def _layout(
         window = min(_pow2(n_chunks), window)
         while window * window < n_chunks:  # core.lookback folds at most `window` windows
             window *= 2
-        maxnreg = maxnreg if _MAXNREG is None else _MAXNREG or None
+        if _MAXNREG is not None:
+            maxnreg = _MAXNREG or None
+        elif n * n_chunks < _CAP_MIN_BLOCKS.get(split_key, 0):
+            maxnreg = None
         if dtype not in (None, torch.float32):  # the caps were measured with float32 inputs only
             maxnreg = None
         return Layout(tiles, n_chunks, 1, True, window, maxnreg)

@@ -68,8 +68,8 @@ def test_tile_sweep_policy_override_restores():
         4,
         True,
         64,
-        72,
-    )  # look-back, register cap
+        None,
+    )  # look-back (512 blocks: no register cap)
     assert tile_sweep._effective("compute_retrace", 1, 1 << 20, torch.float32)[6] is True
     assert tile_sweep._effective("compute_eligibility_traces", 1, 1 << 20, torch.float32)[6] is False  # two passes
     with tile_sweep.policy(_LOOKBACK=False, _SPLIT_FACTOR=1):
