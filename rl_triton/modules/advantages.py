@@ -215,6 +215,16 @@ class _RLTritonEstimator(CachedScalars):
     # tensordict reads and writes without re-validation (td_internals), no shifted-tensordict
     # copies. Anything else returns None before writing and takes the general, decorated path.
 
+    def _fast_or_general(self, args, kwargs, params, target_params, **extra):
+        """``forward``'s dispatch: ``est(tensordict)`` on a ``TensorDict`` without a value network
+        tries :meth:`_fast_forward` (None: not the common case); every other call, and those,
+        TorchRL's decorated forward (:meth:`_forward`). ``extra``: keyword arguments of both."""
+        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
+            out = self._fast_forward(args[0], **extra)
+            if out is not None:
+                return out
+        return self._forward(*args, params=params, target_params=target_params, **extra, **kwargs)
+
     def _fast_inputs(self, tensordict, time_dim, rows_needed: bool = True):
         """The common case: ``tensordict`` has batch dims, its value, next value, reward, done and
         terminated entries (``tensor_keys``) are plain tensors of one shape, the three float ones of
@@ -343,11 +353,7 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
 
         ``est(tensordict)`` without a value network takes a fast path in the common case
         (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
-        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
-            out = self._fast_forward(args[0])
-            if out is not None:
-                return out
-        return self._forward(*args, params=params, target_params=target_params, **kwargs)
+        return self._fast_or_general(args, kwargs, params, target_params)
 
     def _fast_forward(self, tensordict):
         if not _stock(type(self), TD0Estimator, _TD_HOOKS + ("_td0_rows", "_all_steps")):
@@ -449,11 +455,7 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
 
         ``est(tensordict)`` without a value network takes a fast path in the common case
         (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
-        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
-            out = self._fast_forward(args[0])
-            if out is not None:
-                return out
-        return self._forward(*args, params=params, target_params=target_params, **kwargs)
+        return self._fast_or_general(args, kwargs, params, target_params)
 
     def _fast_forward(self, tensordict):
         if not _stock(type(self), TD1Estimator, _TD_HOOKS):
@@ -535,11 +537,7 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
 
         ``est(tensordict)`` without a value network takes a fast path in the common case
         (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
-        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
-            out = self._fast_forward(args[0])
-            if out is not None:
-                return out
-        return self._forward(*args, params=params, target_params=target_params, **kwargs)
+        return self._fast_or_general(args, kwargs, params, target_params)
 
     def _fast_forward(self, tensordict):
         if not _stock(type(self), TDLambdaEstimator, _TD_HOOKS):
@@ -663,11 +661,7 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         per-step discount, no ``shifted_valid``, ``auto_reset_env`` off) takes :meth:`_fast_forward`;
         everything else TorchRL's decorated forward (:meth:`_forward`). Both give the same outputs.
         """
-        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
-            out = self._fast_forward(args[0], time_dim)
-            if out is not None:
-                return out
-        return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
+        return self._fast_or_general(args, kwargs, params, target_params, time_dim=time_dim)
 
     def _fast_forward(self, tensordict, time_dim):
         """:meth:`_forward` for the common case (:meth:`_fast_inputs`, ``auto_reset_env`` off, scalar
