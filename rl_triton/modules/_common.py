@@ -46,7 +46,7 @@ def to_rows_actions(x: torch.Tensor, dim: int) -> torch.Tensor:
 def from_rows(y: torch.Tensor, shape: Sequence[int], dim: int) -> torch.Tensor:
     """Inverse of :func:`to_rows` for an original tensor of shape ``shape``."""
     shape = tuple(shape)
-    if dim == len(shape) - 1 or (dim == len(shape) - 2 and shape[-1] == 1):
+    if rows_shape(shape, dim) is not None:  # rows made by a reshape alone
         return y.reshape(shape)
     moved = shape[:dim] + shape[dim + 1 :] + (shape[dim],)
     return y.reshape(moved).movedim(-1, dim)

@@ -280,6 +280,14 @@ class _RLTritonEstimator(CachedScalars):
                 return True
         return False
 
+    def _in_grad_mode(self, switch: bool, fn, *args):
+        """``fn(*args)``, under ``torch.set_grad_enabled(self.differentiable)`` when ``switch`` (the
+        effect of TorchRL's ``_self_set_grad_enabled`` on the calls that bypass it)."""
+        if switch:
+            with torch.set_grad_enabled(self.differentiable):
+                return fn(*args)
+        return fn(*args)
+
     def _fast_td(self, tensordict, value_target_fn, gamma_ok: bool, rows_needed: bool = True):
         """TD(0)/TD(1)/TD(lambda) fast path: ``value_target_fn(value, next_value, reward, done,
         terminated, rows)`` gives the target; writes ``advantage`` and ``value_target`` as
@@ -290,13 +298,12 @@ class _RLTritonEstimator(CachedScalars):
         if got is None:
             return None
         keys, internals, value, next_value, reward, done, terminated, rows = got
-        if self._grad_mode_differs(value, next_value, reward):
-            with torch.set_grad_enabled(self.differentiable):
-                value_target = value_target_fn(value, next_value, reward, done, terminated, rows)
-                advantage = value_target - value
-        else:
+
+        def targets():
             value_target = value_target_fn(value, next_value, reward, done, terminated, rows)
-            advantage = value_target - value
+            return value_target, value_target - value
+
+        value_target, advantage = self._in_grad_mode(self._grad_mode_differs(value, next_value, reward), targets)
         td_set(tensordict, keys["advantage"], advantage, internals)
         td_set(tensordict, keys["value_target"], value_target, internals)
         return tensordict
@@ -674,10 +681,8 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         got = self._fast_inputs(tensordict, time_dim)
         if got is None:
             return None
-        if self._grad_mode_differs(got[2], got[3], got[4]):
-            with torch.set_grad_enabled(self.differentiable):
-                return self._fast_gae(tensordict, *got, gamma, lmbda)
-        return self._fast_gae(tensordict, *got, gamma, lmbda)
+        switch = self._grad_mode_differs(got[2], got[3], got[4])
+        return self._in_grad_mode(switch, self._fast_gae, tensordict, *got, gamma, lmbda)
 
     def _fast_gae(self, tensordict, keys, internals, value, next_value, reward, done, terminated, rows, gamma, lmbda):
         adv = F.gae_with_next_values(
@@ -899,10 +904,8 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
         :meth:`_vtrace_forward` without TorchRL's decorators, whose effect there is the grad mode
         alone (reproduced); everything else goes through the decorated :meth:`_forward`."""
         if len(args) == 1 and not kwargs and self.skip_existing is None and type(args[0]) is TensorDict:
-            if torch.is_grad_enabled() != self.differentiable:
-                with torch.set_grad_enabled(self.differentiable):
-                    return self._vtrace_forward(args[0], params, target_params, time_dim)
-            return self._vtrace_forward(args[0], params, target_params, time_dim)
+            switch = torch.is_grad_enabled() != self.differentiable
+            return self._in_grad_mode(switch, self._vtrace_forward, args[0], params, target_params, time_dim)
         return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
 
     @_self_set_skip_existing

@@ -403,10 +403,8 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
             and type(args[0]) is TensorDict
             and (self.skip_existing is None or (self.value_network is None and self.actor_network is None))
         ):
-            if torch.is_grad_enabled() != self.differentiable:
-                with torch.set_grad_enabled(self.differentiable):
-                    return self._retrace_forward(args[0], params, target_params, time_dim)
-            return self._retrace_forward(args[0], params, target_params, time_dim)
+            switch = torch.is_grad_enabled() != self.differentiable
+            return self._in_grad_mode(switch, self._retrace_forward, args[0], params, target_params, time_dim)
         return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
 
     @_self_set_skip_existing
