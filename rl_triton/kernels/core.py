@@ -399,9 +399,10 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
     Returns, shaped to broadcast against the tile ([BN, BT] plain, [G, BN, S] grouped, [BN, G, 4]
     env-major grouped): the time of each slot, the mask and element offsets (tile-shaped), and the
     env ids and their mask."""
-    i_c = i_p
     if REVERSE:
         i_c = tl.cdiv(T, BT) - 1 - i_p
+    else:  # i_p in T's integer type: int64 for rows over 2^31 steps, where i_c * BT must not wrap
+        i_c = i_p + (T - T)
     if GROUPED > 0:
         tl.static_assert(REVERSE, "grouped tiles serve reverse recurrences only")
         G: tl.constexpr = BT // GROUPED
