@@ -171,9 +171,9 @@ def _phases(kind, kernel, n, t):
 def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     """Rows of one chunk run loop-free (ONE), up to the kernel's one-chunk limit (2048 steps for GAE,
     4096 for the others); longer rows walk 1024-step chunks, and long rows of few envs split into
-    loop-free time blocks of one chunk (launch._SPLIT_POLICY: 2048-step look-back blocks for GAE,
-    two passes over 1024-step blocks for the forward traces); launch._ONE_CHUNK = False keeps the
-    loop for every single pass."""
+    loop-free time blocks of one chunk (launch._SPLIT_POLICY: 2048-step look-back blocks for GAE
+    and the forward traces; below _SMALL_BLOCKS blocks 4096-step ones for GAE and two passes over
+    1024-step blocks for the traces); launch._ONE_CHUNK = False keeps the loop for every single pass."""
     from rl_triton.kernels import fused
 
     gae, vtrace, fwd = fused.gae_kernel, fused.vtrace_kernel, fused.forward_trace_kernel
@@ -182,26 +182,28 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert _phases("gae", gae, 4096, 4096) == (1024, [(0, False)])
     assert _phases("vtrace", vtrace, 4096, 4096) == (4096, [(0, True)])
     assert _phases("vtrace", vtrace, 4096, 4097) == (1024, [(0, False)])
-    assert _phases("gae", gae, 1, 1 << 20) == (2048, [(4, True)])  # look-back by program id
+    assert _phases("gae", gae, 1, 1 << 20) == (4096, [(4, True)])  # look-back by program id
     assert _phases("gae", gae, 16, 1 << 20) == (2048, [(4, True)])
     assert _phases("vtrace", vtrace, 16, 1 << 20) == (1024, [(4, True)])
-    assert _phases("forward", fwd, 16, 1 << 20) == (1024, [(1, True), (2, True)])
-    assert launch.scan_layout("forward", 16, 1 << 20).nk == 1024  # one chunk per block
-    assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 16, False, 1, None)  # at most 1024 blocks
+    assert _phases("forward", fwd, 16, 1 << 20) == (2048, [(4, True)])
+    assert _phases("forward", fwd, 1, 1 << 20) == (1024, [(1, True), (2, True)])
+    assert launch.scan_layout("forward", 1, 1 << 20).nk == 1024  # one chunk per block
+    assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (8192, 1, True, 256, 72)
     assert launch.scan_layout("vtrace", 1, 1 << 24)[1:] == (16384, 1, True, 256, 80)  # register cap 80
     assert launch.scan_layout("gae", 1, 1 << 24)[1:] == (8192, 1, True, 128, 72)  # 64 raised to sqrt(8192)
     assert launch.scan_tiles("vtrace", 4096, 4096).warps == 16
     assert launch.scan_tiles("returns_nv", 4096, 4096).warps == 8
     assert launch.scan_tiles("gae", 4096, 4096, torch.bfloat16) == launch.Tiles(1, 4096, 8)  # 2-byte floats
-    monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 16)  # 512 blocks: windows of 32, so at most 32 windows
-    plan = launch._scan_plan(gae, 1, torch.device("cpu"), {"ACC": None}, launch.scan_layout("gae", 1, 1 << 20))
+    monkeypatch.setattr(launch, "_LOOKBACK_WINDOW", 16)  # 512 blocks a row: windows of 32, so at most 32 windows
+    plan = launch._scan_plan(gae, 4, torch.device("cpu"), {"ACC": None}, launch.scan_layout("gae", 4, 1 << 20))
     assert plan.launches[0][1]["NKP"] == 32
     monkeypatch.setattr(launch, "_ONE_CHUNK", False)
     assert _phases("gae", gae, 4096, 512) == (512, [(0, False)])
     monkeypatch.setattr(launch, "_TICKET", True)
-    assert _phases("gae", gae, 1, 1 << 20) == (2048, [(3, True)])
+    assert _phases("gae", gae, 1, 1 << 20) == (4096, [(3, True)])
     monkeypatch.setattr(launch, "_LOOKBACK", False)
-    assert _phases("gae", gae, 1, 1 << 20) == (2048, [(1, True), (2, True)])
+    assert _phases("gae", gae, 1, 1 << 20) == (4096, [(1, True), (2, True)])
+    assert launch.scan_layout("forward", 1, 1 << 24)[1:] == (1024, 8, False, 1, None)  # at most 1024 blocks
     monkeypatch.setattr(launch, "_ONE_CHUNK_BLOCKS", False)  # blocks of several chunks, from _TARGET_PROGRAMS
     assert _phases("gae", gae, 16, 1 << 20) == (2048, [(1, False), (2, False)])
     assert launch.scan_layout("gae", 16, 1 << 20)[1:] == (64, 8, False, 1, None)
@@ -209,8 +211,9 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
 
 def test_lookback_register_caps(monkeypatch):
     """Look-back blocks of float32 inputs launch with _SPLIT_POLICY's register cap (Triton's maxnreg
-    option, not a kernel argument) from _CAP_MIN_BLOCKS blocks per launch on; other dtypes,
-    unmeasured, and the two-pass form without one; launch._MAXNREG overrides it (0: none)."""
+    option, not a kernel argument) from _SMALL_BLOCKS blocks per launch on (GAE, the returns, TD(lambda)
+    and the traces; V-trace and Retrace at any size); other dtypes, unmeasured, and the two-pass form
+    without one; launch._MAXNREG overrides it (0: none)."""
     from rl_triton.kernels import fused
 
     def options(kind, kernel, n, t, dtype=torch.float32):
@@ -226,15 +229,40 @@ def test_lookback_register_caps(monkeypatch):
     assert launch.retrace_layout(16, 1 << 20, 4, torch.float32).layout.maxnreg == 128
     assert options("gae", gae, 16, 1 << 20, torch.float64) == [None]
     assert options("gae", gae, 16, 1 << 20, torch.bfloat16) == [None]
-    assert options("forward", fwd, 16, 1 << 20) == [None, None]  # two passes
+    assert options("forward", fwd, 16, 1 << 20) == [72]
+    assert options("forward", fwd, 1, 1 << 20) == [None, None]  # small launch: two passes
     assert options("gae", gae, 4096, 512) == [None]  # single pass
-    assert options("gae", gae, 1, 1 << 20) == [None]  # 512 blocks: fewer than _CAP_MIN_BLOCKS["gae"]
+    assert options("gae", gae, 1, 1 << 20) == [None]  # 512 blocks: fewer than _SMALL_BLOCKS
     assert options("gae", gae, 4, 1 << 20) == [72]  # 2048 blocks
     assert options("vtrace", fused.vtrace_kernel, 1, 1 << 20) == [80]  # V-trace: capped at any size
     monkeypatch.setattr(launch, "_MAXNREG", 0)
     assert options("gae", gae, 16, 1 << 20) == [None]
     monkeypatch.setattr(launch, "_MAXNREG", 96)
     assert options("returns", fused.returns_kernel, 16, 1 << 20) == [96]
+
+
+def test_small_launch_policy(monkeypatch):
+    """Launches of fewer than _SMALL_BLOCKS[kernel] time blocks (counted at _SPLIT_POLICY's block
+    length) take _SMALL_SPLIT_POLICY's entry: GAE in 4096-step blocks and windows of up to 512, the
+    traces in two passes of 1024-step blocks; from there on the main policy (2048-step look-back
+    blocks for both). Layout fields after the tiles: (blocks, chunks per block, look-back, window,
+    register cap; blocks and windows per row)."""
+
+    def layout(kind, n, t):
+        lay = launch.scan_layout(kind, n, t)
+        return lay.tiles.bt, *lay[1:]
+
+    assert layout("gae", 1, 1 << 20) == (4096, 256, 1, True, 256, None)  # one window: the row's 256 blocks
+    assert layout("gae", 4, 1 << 20) == (2048, 512, 1, True, 64, 72)  # 2048 blocks in all
+    assert layout("forward", 1, 1 << 20) == (1024, 1024, 1, False, 1, None)
+    assert layout("forward", 4, 1 << 20) == (1024, 1024, 1, False, 1, None)  # 2048 blocks: still two passes
+    assert layout("forward", 8, 1 << 20) == (2048, 512, 1, True, 256, 72)  # 4096 blocks
+    assert layout("returns", 1, 1 << 20) == (2048, 512, 1, True, 128, None)
+    assert layout("returns_nv", 1, 1 << 20) == (2048, 512, 1, True, 512, None)
+    assert layout("vtrace", 1, 1 << 20) == (1024, 1024, 1, True, 256, 80)  # no small-launch entry
+    monkeypatch.setattr(launch, "_SMALL_BLOCKS", {})
+    assert layout("gae", 1, 1 << 20) == (2048, 512, 1, True, 64, 72)
+    assert layout("forward", 1, 1 << 20) == (2048, 512, 1, True, 256, 72)
 
 
 @pytest.mark.parametrize("shape", [(2, 1500), (2, 3000)], ids=["N2-T1500", "N2-T3000"])

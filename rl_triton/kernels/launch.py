@@ -344,13 +344,16 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # V-trace at 16x1,048,576 and 64x262,144, whose copy baselines in those files are a slow memcpy,
 # benchmarks/timing.copy_gbps): the look-back won for every kernel but the forward traces
 # (16x1,048,576: GAE 113-119 us vs 121-131 in two passes, V-trace 202-213 vs 229, Retrace
-# 0.55-0.57 of copy vs 0.47; traces 0.51 two-pass vs 0.47 look-back); 2048-step blocks for GAE,
+# 0.55-0.57 of copy vs 0.47; traces 0.51 two-pass vs 0.47 look-back, until the register caps below
+# turned that round: see _SMALL_SPLIT_POLICY); 2048-step blocks for GAE,
 # the returns and TD(lambda) (1x16,777,216: GAE 0.46-0.50 vs 0.43-0.44), 1024 for V-trace and
 # Retrace (V-trace 1x16,777,216: 0.49-0.51 vs 0.43-0.47); TD(lambda)'s with 2 warps (16x1,048,576:
 # 0.55 vs 0.49 with 4, 1x16,777,216: 0.52 vs 0.49; tile_sweep_long5; until the register caps
 # below); windows of 64 blocks for GAE (16x1,048,576: 113 vs 130 us) and TD(lambda) (re-swept with
 # blocks numbered by program id, tile_sweep_long7: 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs
-# 15.8 us), 256 for the others (V-trace 64x262,144: 187 vs 203 us; 175 vs 192 in long7). The same
+# 15.8 us), 256 for the others (V-trace 64x262,144: 187 vs 203 us; 175 vs 192 in long7) but the
+# discounted returns, 128 since the caps (1x16,777,216: 80.2-80.3 vs 80.6-81.1 us in three sweeps,
+# tile_sweep_returns_window_h200.json; rows of at most 128 blocks are one window either way). The same
 # sweep found no better block length, window or warps for the others under program ids
 # (long7*_h200.json). Last, the register cap of a look-back block (Triton's maxnreg; None: the
 # compiler's choice), for float32 inputs: a look-back block holds its chunk in registers while it
@@ -360,24 +363,44 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # the few registers spilled around the wait (2-10, 14, 6; stored once before it, loaded once
 # after): 16x1,048,576 GAE 105.2 -> 94.9 us, discounted 88.8 -> 79.7 us, V-trace 198.0 -> 178.8 us
 # (tile_sweep_nreg_h200.json), Retrace 390.2 -> 359.6 us; TD(lambda) now takes 4-warp blocks
-# capped at 80 registers (0-4 spills): 97.6 -> 93.0 us (tile_sweep_nreg2_h200.json). Reading the
+# capped at 80 registers (0-4 spills): 97.6 -> 93.0 us (tile_sweep_nreg2_h200.json); the forward
+# traces' look-back blocks, 2048 steps capped at 72, beat their two passes from 8192 blocks on
+# (_SMALL_SPLIT_POLICY; uncapped they lost: 1x16,777,216 88.0 vs 87.6 us). Reading the
 # chunk twice instead of holding it (72 registers for GAE, no spill) was slower (NOTES.md,
 # "Performance", item P).
 _SPLIT_POLICY = {
     "gae": (2, True, 64, None, 72),
     "vtrace": (1, True, 256, None, 80),
-    "returns": (2, True, 256, None, 72),
+    "returns": (2, True, 128, None, 72),
     "returns_nv": (2, True, 64, 4, 80),
-    "forward": (1, False, 256, None, None),
+    "forward": (2, True, 256, None, 72),
     "retrace": (1, True, 256, None, 128),
 }
-# Look-back launches of fewer blocks than this (per kernel; absent: any number) keep the compiler's
-# registers: they are latency-bound rather than limited by blocks per SM (1x1,048,576 is 512 blocks
-# of 2048 steps), and at 1x1,048,576 the caps above cost GAE, the discounted returns and TD(lambda)
-# 0.3-0.6 us (uncapped vs capped, two sweeps each: GAE 15.2 / 15.1 vs 15.5 / 15.5 us, discounted 14.4
-# / 14.6 vs 14.9 / 14.9, TD(lambda) in 4 warps 14.6 vs 14.9; tile_sweep_nreg*_h200.json), while
-# V-trace (22.0 / 22.1 vs 21.5 / 21.3) and Retrace (40.5 vs 36.7) gained there too.
-_CAP_MIN_BLOCKS = {"gae": 2048, "returns": 2048, "returns_nv": 2048}
+# Small launches: a launch of fewer than _SMALL_BLOCKS[kernel] time blocks, counted at its
+# _SPLIT_POLICY block length, takes the kernel's _SMALL_SPLIT_POLICY entry instead (absent: the same
+# policy at any size). Such launches are latency-bound rather than limited by blocks per SM
+# (1x1,048,576 is 512 blocks of 2048 steps). Measured on the H200 (tile_sweep_small_h200.json,
+# tile_sweep_fwd_lookback_h200.json; microseconds, small entry vs main policy):
+# - no register caps for GAE, the discounted returns and TD(lambda) (1x1,048,576, two sweeps each:
+#   GAE 15.2 / 15.1 vs 15.5 / 15.5, discounted 14.4 / 14.6 vs 14.9 / 14.9, TD(lambda) 14.6 vs 14.9;
+#   tile_sweep_nreg*_h200.json; V-trace and Retrace gain from theirs there too: 22.0 / 22.1 vs 21.5
+#   / 21.3, 40.5 vs 36.7);
+# - GAE in 4096-step blocks and windows of up to 512 blocks, one or two per row (1x1,048,576: 14.0 vs
+#   15.2, 1x524,288 11.9 vs 12.3, 1x2,097,152 22.5 vs 23.7; 2x1,048,576 and 4x262,144 within 2%; at
+#   2048 blocks the main policy wins: 1x4,194,304 36.6 vs 37.8);
+# - TD(lambda) in windows of up to 512 blocks (1x1,048,576 14.5 vs 14.6, 2x1,048,576 20.8 vs 21.5,
+#   4x262,144 13.5 vs 14.3, 1x2,097,152 21.6 vs 22.1);
+# - the forward traces in two passes over 1024-step blocks up to 4096 blocks (1x1,048,576: 12.5 vs
+#   13.6 at best by look-back; 1x4,194,304, 2048 blocks: 26.4 vs 27.5), where from 8192 blocks on the
+#   look-back wins (1x16,777,216: 79.2-80.0 vs 87.6, 16x1,048,576 75.9 vs 79.6, 64x262,144 66.8 vs
+#   75.2).
+_SMALL_BLOCKS = {"gae": 2048, "returns": 2048, "returns_nv": 2048, "forward": 4096}
+_SMALL_SPLIT_POLICY = {
+    "gae": (4, True, 512, None, None),
+    "returns": (2, True, 128, None, None),
+    "returns_nv": (2, True, 512, 4, None),
+    "forward": (1, False, 256, None, None),
+}
 # Sweep overrides (None: the kernel's policy): the block chunk factor of _SPLIT_POLICY (capped by
 # _ONE_CHUNK_FACTOR, as one-chunk rows are), the look-back (True / False: always / never), its
 # window, and the warps of blocks longer than a walked chunk (else _chunk_warps).
@@ -433,7 +456,10 @@ def _layout(
     nk, cpb = _time_blocks(_cdiv(n, tiles.bn), n_chunks)
     if nk == 1:
         return Layout(tiles, 1, cpb, False)
-    factor, lookback, window, block_warps, maxnreg = _SPLIT_POLICY[split_key]
+    policy = _SPLIT_POLICY[split_key]
+    if n * _cdiv(t_len, tiles.bt * policy[0]) < _SMALL_BLOCKS.get(split_key, 0):
+        policy = _SMALL_SPLIT_POLICY[split_key]
+    factor, lookback, window, block_warps, maxnreg = policy
     factor = min(factor if _SPLIT_FACTOR is None else _SPLIT_FACTOR, _ONE_CHUNK_FACTOR)
     lookback = lookback if _LOOKBACK is None else _LOOKBACK
     window = window if _LOOKBACK_WINDOW is None else _LOOKBACK_WINDOW
@@ -452,8 +478,6 @@ def _layout(
             window *= 2
         if _MAXNREG is not None:
             maxnreg = _MAXNREG or None
-        elif n * n_chunks < _CAP_MIN_BLOCKS.get(split_key, 0):
-            maxnreg = None
         if dtype not in (None, torch.float32):  # the caps were measured with float32 inputs only
             maxnreg = None
         return Layout(tiles, n_chunks, 1, True, window, maxnreg)

@@ -61,15 +61,15 @@ def test_tile_sweep_policy_override_restores():
     with tile_sweep.policy(GROUPED="env"):
         assert tile_sweep._effective("compute_gae", 4096, 2048, torch.float32)[5] == -4
     assert tile_sweep._effective("compute_gae", 1, 1 << 20, torch.float32)[1:] == (
-        2048,
-        4,
-        512,
+        4096,
+        8,
+        256,
         1,
         4,
         True,
-        64,
+        256,
         None,
-    )  # look-back (512 blocks: no register cap)
+    )  # look-back (a small launch: 4096-step blocks, one window, no register cap)
     assert tile_sweep._effective("compute_retrace", 1, 1 << 20, torch.float32)[6] is True
     assert tile_sweep._effective("compute_eligibility_traces", 1, 1 << 20, torch.float32)[6] is False  # two passes
     with tile_sweep.policy(_LOOKBACK=False, _SPLIT_FACTOR=1):
