@@ -224,7 +224,7 @@ def test_lookback_register_caps(monkeypatch):
     gae, fwd = fused.gae_kernel, fused.forward_trace_kernel
     assert options("gae", gae, 16, 1 << 20) == [72]
     assert options("vtrace", fused.vtrace_kernel, 16, 1 << 20) == [80]
-    assert options("returns", fused.returns_kernel, 16, 1 << 20) == [72]
+    assert options("returns", fused.returns_kernel, 16, 1 << 20) == [64]
     assert options("returns_nv", fused.returns_kernel, 16, 1 << 20) == [80]
     assert launch.retrace_layout(16, 1 << 20, 4, torch.float32).layout.maxnreg == 128
     assert options("gae", gae, 16, 1 << 20, torch.float64) == [None]

@@ -353,7 +353,8 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # blocks numbered by program id, tile_sweep_long7: 64x262,144 0.65 vs 0.61, 1x1,048,576 15.0 vs
 # 15.8 us), 256 for the others (V-trace 64x262,144: 187 vs 203 us; 175 vs 192 in long7) but the
 # discounted returns, 128 since the caps (1x16,777,216: 80.2-80.3 vs 80.6-81.1 us in three sweeps,
-# tile_sweep_returns_window_h200.json; rows of at most 128 blocks are one window either way). The same
+# tile_sweep_returns_window_h200.json; rows of at most 128 blocks are one window either way), which
+# lets their cap go down to 64 (below). The same
 # sweep found no better block length, window or warps for the others under program ids
 # (long7*_h200.json). Last, the register cap of a look-back block (Triton's maxnreg; None: the
 # compiler's choice), for float32 inputs: a look-back block holds its chunk in registers while it
@@ -362,7 +363,10 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # of 5), V-trace's 118 at 80 (6 instead of 4) and Retrace's 136 at 128 (4 instead of 3) paid for
 # the few registers spilled around the wait (2-10, 14, 6; stored once before it, loaded once
 # after): 16x1,048,576 GAE 105.2 -> 94.9 us, discounted 88.8 -> 79.7 us, V-trace 198.0 -> 178.8 us
-# (tile_sweep_nreg_h200.json), Retrace 390.2 -> 359.6 us; TD(lambda) now takes 4-warp blocks
+# (tile_sweep_nreg_h200.json), Retrace 390.2 -> 359.6 us; the discounted returns' 72 became 64 with
+# windows of 128 (16x1,048,576: 76.3-76.5 vs 79.3-80.0 us in three sweeps, 1x16,777,216 80.6-81.1
+# vs 80.3-81.2, 64x262,144 71.3 vs 72.5; tile_sweep_returns_window_h200.json; at windows of 256 the
+# cap of 64 lost: 84.9 vs 80.7 and 82.8 vs 79.7); TD(lambda) now takes 4-warp blocks
 # capped at 80 registers (0-4 spills): 97.6 -> 93.0 us (tile_sweep_nreg2_h200.json); the forward
 # traces' look-back blocks, 2048 steps capped at 72, beat their two passes from 8192 blocks on
 # (_SMALL_SPLIT_POLICY; uncapped they lost: 1x16,777,216 88.0 vs 87.6 us). Reading the
@@ -371,7 +375,7 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 _SPLIT_POLICY = {
     "gae": (2, True, 64, None, 72),
     "vtrace": (1, True, 256, None, 80),
-    "returns": (2, True, 128, None, 72),
+    "returns": (2, True, 128, None, 64),
     "returns_nv": (2, True, 64, 4, 80),
     "forward": (2, True, 256, None, 72),
     "retrace": (1, True, 256, None, 128),
