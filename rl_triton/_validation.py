@@ -136,27 +136,18 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _groups(steps, flags, per_env, per_action, actions) -> tuple:
-    """The argument groups of a call in signature order (absent groups count as empty)."""
-    return (steps, flags, per_env or {}, per_action or {}, {} if actions is None else {actions[0]: actions[1]})
-
-
 def _first_given(steps: dict) -> str | None:
     """The name of the first per-step float input given: its kernel view is what outputs are
     allocated like (:meth:`Prepared.new_output`)."""
     return next((name for name, t in steps.items() if t is not None), None)
 
 
-def _views(groups: tuple, squeeze: bool) -> tuple:
-    """Per tensor in signature order, the :func:`_kernel_view` bitmask (0 for None)."""
-    views = []
-    for group in groups:
-        for t in group.values():
-            kind = 0
-            if t is not None:
-                kind = (_UNSQUEEZE if squeeze else 0) | (_AS_BYTES if t.dtype == torch.bool else 0)
-            views.append(kind)
-    return tuple(views)
+def _views(items: list, squeeze: bool) -> tuple:
+    """Per (name, tensor) pair of a cache key's pass, the :func:`_kernel_view` bitmask (0 for None)."""
+    return tuple(
+        0 if t is None else (_UNSQUEEZE if squeeze else 0) | (_AS_BYTES if t.dtype == torch.bool else 0)
+        for _name, t in items
+    )
 
 
 def prepare(
@@ -222,7 +213,7 @@ def prepare(
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
         out.plans = {}
-        views = _views(_groups(steps, flags, per_env, per_action, actions), out.squeeze)
+        views = _views(items, out.squeeze)
         _CACHE[key] = (
             out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.device_type, views,
             _first_given(steps), out.plans,
