@@ -368,7 +368,7 @@ _MIN_CHUNKS_FOR_SPLIT = 4  # rows shorter than this stay single-pass
 # vs 80.3-81.2, 64x262,144 71.3 vs 72.5; tile_sweep_returns_window_h200.json; at windows of 256 the
 # cap of 64 lost: 84.9 vs 80.7 and 82.8 vs 79.7); TD(lambda) now takes 4-warp blocks
 # capped at 80 registers (0-4 spills): 97.6 -> 93.0 us (tile_sweep_nreg2_h200.json); the forward
-# traces' look-back blocks, 2048 steps capped at 72, beat their two passes from 8192 blocks on
+# traces' look-back blocks, 2048 steps capped at 72, beat their two passes from 4096 blocks on
 # (_SMALL_SPLIT_POLICY; uncapped they lost: 1x16,777,216 88.0 vs 87.6 us). Reading the
 # chunk twice instead of holding it (72 registers for GAE, no spill) was slower (NOTES.md,
 # "Performance", item P).
@@ -394,10 +394,10 @@ _SPLIT_POLICY = {
 #   2048 blocks the main policy wins: 1x4,194,304 36.6 vs 37.8);
 # - TD(lambda) in windows of up to 512 blocks (1x1,048,576 14.5 vs 14.6, 2x1,048,576 20.8 vs 21.5,
 #   4x262,144 13.5 vs 14.3, 1x2,097,152 21.6 vs 22.1);
-# - the forward traces in two passes over 1024-step blocks up to 4096 blocks (1x1,048,576: 12.5 vs
-#   13.6 at best by look-back; 1x4,194,304, 2048 blocks: 26.4 vs 27.5), where from 8192 blocks on the
-#   look-back wins (1x16,777,216: 79.2-80.0 vs 87.6, 16x1,048,576 75.9 vs 79.6, 64x262,144 66.8 vs
-#   75.2).
+# - the forward traces in two passes over 1024-step blocks below 4096 blocks (1x1,048,576: 12.5 vs
+#   13.6 at best by look-back; 1x4,194,304, 2048 blocks: 26.4 vs 27.5), where from 4096 blocks on the
+#   look-back wins (1x8,388,608 44.9 vs 48.9, 32x262,144 38.1 vs 42.6, tile_sweep_small_cross_h200
+#   .json; 1x16,777,216: 79.2-80.0 vs 87.6, 16x1,048,576 75.9 vs 79.6, 64x262,144 66.8 vs 75.2).
 _SMALL_BLOCKS = {"gae": 2048, "returns": 2048, "returns_nv": 2048, "forward": 4096}
 _SMALL_SPLIT_POLICY = {
     "gae": (4, True, 512, None, None),
