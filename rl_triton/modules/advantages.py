@@ -366,7 +366,7 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         if not _stock(type(self), TD0Estimator, _TD_HOOKS + ("_td0_rows", "_all_steps")):
             return None
         gamma = self._scalar("gamma")
-        gamma_ok = gamma is not None and 0.0 <= gamma <= 1.0
+        gamma_ok = in_unit(gamma)
 
         def target(value, next_value, reward, done, terminated, rows):
             return self._td0_rows(reward, next_value, terminated, gamma)
@@ -468,7 +468,7 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
         if not _stock(type(self), TD1Estimator, _TD_HOOKS):
             return None
         gamma = self._scalar("gamma")
-        gamma_ok = gamma is not None and 0.0 <= gamma <= 1.0
+        gamma_ok = in_unit(gamma)
 
         def target(value, next_value, reward, done, terminated, rows):
             return F.compute_discounted_returns(
@@ -550,7 +550,7 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
         if not _stock(type(self), TDLambdaEstimator, _TD_HOOKS):
             return None
         gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
-        gamma_ok = gamma is not None and lmbda is not None and 0.0 <= gamma <= 1.0 and 0.0 <= lmbda <= 1.0
+        gamma_ok = in_unit(gamma, lmbda)
 
         def target(value, next_value, reward, done, terminated, rows):
             nv = next_value.reshape(rows)
@@ -676,7 +676,7 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         if self.auto_reset_env or not _stock_gae(type(self)):
             return None
         gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
-        if gamma is None or lmbda is None or not (0.0 <= gamma <= 1.0 and 0.0 <= lmbda <= 1.0):
+        if not in_unit(gamma, lmbda):
             return None
         got = self._fast_inputs(tensordict, time_dim)
         if got is None:
