@@ -103,7 +103,9 @@ def compute_gae(
     return _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False)
 
 
-def _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all):
+def _gae(
+    fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all, targets=False
+):  # fmt: skip
     s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_), "next_all": next_all}
     p = prepare(
         fn,
@@ -114,6 +116,13 @@ def _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap
     )
     if not next_all:
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
+    if targets:
+
+        def both():
+            return _launchers().gae(p, s["gamma"], s["lambda_"], next_all, True)
+
+        adv, tgt = run(p, reference.gae_targets, s, both, _GAE_DIFF, 2)
+        return p.finish(adv), p.finish(tgt)
 
     def kernel():
         launch = _launchers()
@@ -123,17 +132,21 @@ def _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap
     return p.finish(adv)
 
 
-def gae_with_next_values(rewards, values, next_values, terminateds, dones, *, gamma, lambda_) -> torch.Tensor:
+def gae_with_next_values(
+    rewards, values, next_values, terminateds, dones, *, gamma, lambda_, targets: bool = False
+):  # fmt: skip
     """GAE in TorchRL's form: ``next_values[t]`` = V(s_{t+1}) is used at every step (not only at
     boundaries), ``dones`` cuts the recursion and ``terminateds`` zeroes the bootstrap::
 
         delta_t = r_t + gamma (1 - term_t) next_values_t - values_t
         A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}
 
-    Used by :mod:`rl_triton.modules`; same shapes and dtypes as :func:`compute_gae`.
+    Used by :mod:`rl_triton.modules`; same shapes and dtypes as :func:`compute_gae`. With
+    ``targets=True`` returns ``(A, A + values)``, both from one kernel launch; the sum is rounded to
+    the inputs' dtype once, so it equals ``A + values`` bit for bit.
     """
     fn = "gae_with_next_values"
-    return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True)
+    return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets)
 
 
 @compilable(like="rewards", n_out=2)

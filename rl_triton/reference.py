@@ -75,6 +75,14 @@ def gae(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor
     return (scan(a, delta, None, True),)
 
 
+def gae_targets(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE's advantages and value targets ``A + V(s)``, the sum taken in the inputs' dtype (as a
+    caller adding the two would: the fused kernel rounds it the same way)."""
+    v = t["values"]
+    adv = gae(t, s, acc, scan)[0].to(v.dtype)
+    return adv, adv + v
+
+
 def vtrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor, torch.Tensor]:
     r = _float(t, "rewards", acc)
     v = _float(t, "values", acc)

@@ -64,3 +64,43 @@ def test_vtrace_with_next_values(path, shape):
     want_vs, want_adv = _vtrace_loop(*(x.cpu() for x in (r, v, nv, done, term, lpt, lpb)), 0.97, 1.2, 0.9)
     torch.testing.assert_close(vs.cpu(), want_vs, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(adv.cpu(), want_adv, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 300), (300,)], ids=lambda s: "x".join(map(str, s)))
+def test_gae_targets_are_advantages_plus_values(path, dtype, shape):
+    """``targets=True`` (the GAE modules' value targets from the same launch) gives the advantages of
+    the plain call and ``A + values`` bit for bit, rounded once to the inputs' dtype."""
+    n, t = (1, shape[0]) if len(shape) == 1 else shape
+    r, v, nv, done, term, _, _ = (x.reshape(*shape) if len(shape) == 1 else x for x in _data(n, t, path.device))
+    r, v, nv = (x.to(dtype) for x in (r, v, nv))
+    adv, tgt = gae_with_next_values(r, v, nv, term, done, gamma=0.97, lambda_=0.9, targets=True)
+    plain = gae_with_next_values(r, v, nv, term, done, gamma=0.97, lambda_=0.9)
+    assert adv.shape == tgt.shape == r.shape and adv.dtype == tgt.dtype == dtype
+    assert torch.equal(adv, plain)
+    if path.name == "interpret" and dtype == torch.bfloat16:
+        # Triton's interpreter casts float32 to bfloat16 toward zero; compiled kernels round to nearest even
+        torch.testing.assert_close(tgt, adv + v, atol=0, rtol=2**-7)
+    else:
+        assert torch.equal(tgt, adv + v)
+    rows = [x.cpu().reshape(n, t) for x in (r, v, nv, done, term)]
+    want = _gae_loop(*(x.double() for x in rows[:3]), *rows[3:], 0.97, 0.9) + rows[1].double()
+    tol = {torch.float64: 1e-10, torch.float32: 1e-5}.get(dtype, 5e-2)
+    torch.testing.assert_close(tgt.cpu().double().reshape(n, t), want, atol=tol, rtol=tol)
+
+
+def test_gae_targets_gradients(path):
+    """Gradients through both outputs of ``targets=True`` equal those of the plain call plus ``values``."""
+    r, v, nv, done, term, _, _ = _data(3, 40, path.device)
+    g_adv, g_tgt = torch.randn(2, 3, 40, dtype=torch.float64).to(path.device)
+    grads = []
+    for fused in (True, False):
+        leaves = [x.clone().requires_grad_(True) for x in (r, v, nv)]
+        if fused:
+            adv, tgt = gae_with_next_values(*leaves, term, done, gamma=0.97, lambda_=0.9, targets=True)
+        else:
+            adv = gae_with_next_values(*leaves, term, done, gamma=0.97, lambda_=0.9)
+            tgt = adv + leaves[1]
+        grads.append(torch.autograd.grad([adv, tgt], leaves, [g_adv, g_tgt]))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -69,11 +69,13 @@ def gae_kernel(
     p_boot,  # [N, T] bootstrap values (if HAS_BOOT)
     p_last,  # [N] last value (if HAS_LAST)
     p_adv,  # [N, T] output advantages
+    p_tgt,  # [N, T] output value targets A_t + V(s_t) (if TARGET)
     N, T,  # envs, steps
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,  # hyper-parameters as float32 hi/lo halves
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block: aggregates, flags (core.lookback), blocks, chunks/block
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
     NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
+    TARGET: tl.constexpr,  # also store the value targets
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
@@ -105,6 +107,9 @@ def gae_kernel(
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_adv + off, b_x, mask=m)
+            if TARGET:  # the stored advantage plus V(s_t), rounded once: what `adv + values` gives
+                b_x = b_x.to(p_adv.dtype.element_ty).to(ACC)
+                tl.store(p_tgt + off, b_x + b_v, mask=m)
     b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 

@@ -528,33 +528,37 @@ def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
     return fallback if x is None else x
 
 
-def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool) -> _Plan:
+def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool, **extra) -> _Plan:
     """The plan of GAE's or V-trace's kernel: both take the same optional inputs (truncateds,
-    bootstrap values, last value), the next-values form and the tile forms."""
+    bootstrap values, last value), the next-values form and the tile forms (``extra``: further
+    constexprs)."""
     t = p.tensors
     layout = scan_layout(kind, p.num_envs, p.seq_len, p.dtype)
     constexprs = dict(
         HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, ACC=_acc(p.dtype),
+        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, **extra, ACC=_acc(p.dtype),
         GROUPED=_group(layout.tiles, p.dtype),
     )  # fmt: skip
     return _scan_plan(kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
 
-def gae(p, gamma: float, lambda_: float, next_all: bool = False) -> torch.Tensor:
+def gae(p, gamma: float, lambda_: float, next_all: bool = False, target: bool = False):
+    """GAE's advantages; with ``target``, ``(advantages, advantages + values)`` from the same
+    launch (the value targets, rounded as the separate add would round them)."""
     t = p.tensors
     r = t["rewards"]
     out = p.new_output()
+    tgt = p.new_output() if target else out
 
     def build(cached: bool) -> _Plan:
-        return _bootstrapped_plan(fused.gae_kernel, "gae", p, next_all, cached)
+        return _bootstrapped_plan(fused.gae_kernel, "gae", p, next_all, cached, TARGET=target)
 
     _run(
-        _cached_plan(p.plans, ("gae", next_all), build),
+        _cached_plan(p.plans, ("gae", next_all, target), build),
         (r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
-        _dummy(t, "last_value", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_)),
+        _dummy(t, "last_value", r), out, tgt, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_)),
     )  # fmt: skip
-    return out
+    return (out, tgt) if target else out
 
 
 def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

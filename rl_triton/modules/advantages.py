@@ -651,14 +651,15 @@ class GAE(_RLTritonEstimator, _trl.GAE):
                 terminated=terminated,
                 time_dim=time_dim,
             )
-        adv = _on_rows(
-            lambda r, v, nv, term, dn: F.gae_with_next_values(r, v, nv, term, dn, gamma=gamma, lambda_=lmbda),
+        return _on_rows(
+            lambda r, v, nv, term, dn: F.gae_with_next_values(
+                r, v, nv, term, dn, gamma=gamma, lambda_=lmbda, targets=True
+            ),
             [reward, value, next_value],
             [terminated, done],
             time_dim,
-            1,
+            2,
         )
-        return adv, adv + value
 
     def forward(self, *args, params=None, target_params=None, time_dim=None, **kwargs):
         """Computes GAE (see :class:`torchrl.objectives.value.GAE`); writes ``advantage`` and ``value_target``.
@@ -685,7 +686,7 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         return self._in_grad_mode(switch, self._fast_gae, tensordict, *got, gamma, lmbda)
 
     def _fast_gae(self, tensordict, keys, internals, value, next_value, reward, done, terminated, rows, gamma, lmbda):
-        adv = F.gae_with_next_values(
+        adv, value_target = F.gae_with_next_values(
             reward.reshape(rows),
             value.reshape(rows),
             next_value.reshape(rows),
@@ -693,8 +694,9 @@ class GAE(_RLTritonEstimator, _trl.GAE):
             done.reshape(rows),
             gamma=gamma,
             lambda_=lmbda,
-        ).reshape(value.shape)
-        value_target = adv + value
+            targets=True,  # value_target = adv + value from the same launch, bit for bit
+        )
+        adv, value_target = adv.reshape(value.shape), value_target.reshape(value.shape)
         if self.average_gae:
             adv = self._normalize_advantage(adv, None, groups=self._group_ids(tensordict))
         td_set(tensordict, keys["advantage"], adv, internals)
