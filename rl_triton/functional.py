@@ -444,6 +444,31 @@ def compute_lambda_returns(
     return p.finish(g)
 
 
+def returns_with_advantages(
+    rewards, values, terminateds, truncateds, *, gamma, lambda_, next_values=None, bootstrap_values=None
+):  # fmt: skip
+    """``(G, G - values)`` from one kernel launch, for :mod:`rl_triton.modules`' TD(1) and TD(lambda)
+    estimators: ``G`` is :func:`compute_lambda_returns` (with ``next_values``) or, without them and
+    with ``lambda_ = 1``, :func:`compute_discounted_returns`, bit for bit; the advantages are rounded
+    to the inputs' dtype once, so they equal ``G - values`` bit for bit."""
+    fn = "returns_with_advantages"
+    s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
+    p = prepare(
+        fn,
+        steps={"rewards": rewards, "values": values, "next_values": next_values, "bootstrap_values": bootstrap_values},
+        flags={"terminateds": terminateds, "truncateds": truncateds},
+        required=("rewards", "values", "terminateds"),
+    )
+    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
+
+    def kernel():
+        return _launchers().returns(p, s["gamma"], s["lambda_"], True)
+
+    diff = ("rewards", "values", "next_values", "bootstrap_values")
+    g, adv = run(p, reference.returns_advantages, s, kernel, diff, 2)
+    return p.finish(g), p.finish(adv)
+
+
 def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict) -> torch.Tensor:
     p = prepare(
         fn,

@@ -140,6 +140,14 @@ def lambda_returns(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[t
     return (scan(disc * lam * (1 - bnd), r + disc * x_const, None, True),)
 
 
+def returns_advantages(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lambda_returns` and the advantages ``G - V(s)``, the difference taken in the inputs'
+    dtype (as a caller subtracting the two would: the fused kernel rounds it the same way)."""
+    v = t["values"]
+    g = lambda_returns(t, s, acc, scan)[0].to(v.dtype)
+    return g, g - v
+
+
 def forward_trace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor]:
     """Eligibility traces (scale = gamma*lambda, ends_at) and episodic prefix sums (scale = 1)."""
     x = _float(t, "inputs", acc)

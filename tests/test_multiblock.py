@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rl_triton as R
-from rl_triton.functional import gae_with_next_values
+from rl_triton.functional import gae_with_next_values, returns_with_advantages
 from rl_triton.kernels import launch
 
 
@@ -78,6 +78,9 @@ CALLS = {
     "lambda": lambda x: R.compute_lambda_returns(
         x["r"], x["nv"], x["term"], x["trunc"], gamma=0.99, lambda_=0.9, bootstrap_values=x["boot"]
     ),
+    "returns_adv": lambda x: returns_with_advantages(
+        x["r"], x["v"], x["term"], x["trunc"], gamma=0.99, lambda_=0.9, next_values=x["nv"], bootstrap_values=x["boot"]
+    ),
     "traces": lambda x: R.compute_eligibility_traces(x["r"], x["term"], gamma=0.99, lambda_=0.9, seed_values=x["last"]),
     "prefix": lambda x: R.compute_episodic_prefix_sum(x["r"], x["term"], seed_values=x["last"]),
     "prefix_starts": lambda x: R.compute_episodic_prefix_sum(x["r"], x["term"], boundary="starts_at"),
@@ -145,7 +148,7 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("fn", ["gae", "gae_last", "gae_targets", "vtrace", "discounted", "lambda"])
+@pytest.mark.parametrize("fn", ["gae", "gae_last", "gae_targets", "vtrace", "discounted", "lambda", "returns_adv"])
 def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
     """2-byte floats take 8-step groups where every thread holds a whole group; single pass over a
     row of one chunk (N4-T1100: 2048 steps, loop-free; N4-T2100: 4096 steps, or three 1024-step chunks
@@ -153,6 +156,7 @@ def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
     if not path.is_kernel:
         pytest.skip("tile forms are a kernel-path feature")
     kinds = {"gae_last": "gae", "gae_targets": "gae", "discounted": "returns", "lambda": "returns_nv"}
+    kinds["returns_adv"] = "returns_nv"
     kind = kinds.get(fn, fn)
     for shape in [(4, 1100), (4, 2100), (1, 5000)]:
         assert launch._group(launch.scan_layout(kind, *shape).tiles, dtype) == 8
@@ -165,8 +169,11 @@ def test_16bit_inputs_in_groups_of_8(path, dtype, fn):
         for g, w in zip(got, want, strict=True):
             assert g.dtype == dtype
             torch.testing.assert_close(g.cpu().double(), w, atol=5e-2, rtol=2e-2)
-        if fn == "gae_targets" and path.name != "interpret":  # the interpreter casts to bfloat16 toward zero
-            assert torch.equal(got[1], got[0] + x["v"])  # the value targets as the caller's add rounds them
+        if path.name != "interpret":  # the interpreter casts to bfloat16 toward zero
+            if fn == "gae_targets":  # the value targets as the caller's add rounds them
+                assert torch.equal(got[1], got[0] + x["v"])
+            if fn == "returns_adv":
+                assert torch.equal(got[1], got[0] - x["v"])
 
 
 def _phases(kind, kernel, n, t):

@@ -6,7 +6,8 @@ loops written from TorchRL's documented recursions, with next values that differ
 import pytest
 import torch
 
-from rl_triton.functional import gae_with_next_values, vtrace_with_next_values
+import rl_triton as R
+from rl_triton.functional import gae_with_next_values, returns_with_advantages, vtrace_with_next_values
 
 
 def _data(n, t, device):
@@ -102,5 +103,47 @@ def test_gae_targets_gradients(path):
             adv = gae_with_next_values(*leaves, term, done, gamma=0.97, lambda_=0.9)
             tgt = adv + leaves[1]
         grads.append(torch.autograd.grad([adv, tgt], leaves, [g_adv, g_tgt]))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 300), (300,)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("form", ["lambda", "discounted"])
+def test_returns_with_advantages(path, dtype, shape, form):
+    """The TD(1) / TD(lambda) modules' ``(G, G - values)`` from one launch: ``G`` is the public
+    function's result bit for bit, the advantages are ``G - values`` rounded once."""
+    n, t = (1, shape[0]) if len(shape) == 1 else shape
+    r, v, nv, done, term, _, _ = (x.reshape(*shape) if len(shape) == 1 else x for x in _data(n, t, path.device))
+    r, v, nv = (x.to(dtype) for x in (r, v, nv))
+    if form == "lambda":
+        g, adv = returns_with_advantages(r, v, term, done, gamma=0.97, lambda_=0.8, next_values=nv, bootstrap_values=nv)
+        want = R.compute_lambda_returns(r, nv, term, done, gamma=0.97, lambda_=0.8, bootstrap_values=nv)
+    else:
+        g, adv = returns_with_advantages(r, v, term, done, gamma=0.97, lambda_=1.0, bootstrap_values=nv)
+        want = R.compute_discounted_returns(r, term, done, gamma=0.97, bootstrap_values=nv)
+    assert g.shape == adv.shape == r.shape and g.dtype == adv.dtype == dtype
+    assert torch.equal(g, want)
+    if path.name == "interpret" and dtype == torch.bfloat16:
+        # Triton's interpreter casts float32 to bfloat16 toward zero; compiled kernels round to nearest even
+        torch.testing.assert_close(adv, g - v, atol=0, rtol=2**-7)
+    else:
+        assert torch.equal(adv, g - v)
+
+
+def test_returns_with_advantages_gradients(path):
+    """Gradients through both outputs equal those of compute_lambda_returns and ``G - values``."""
+    r, v, nv, done, term, _, _ = _data(3, 40, path.device)
+    g_ret, g_adv = torch.randn(2, 3, 40, dtype=torch.float64).to(path.device)
+    grads = []
+    for fused in (True, False):
+        leaves = [x.clone().requires_grad_(True) for x in (r, v, nv)]
+        kw = dict(gamma=0.97, lambda_=0.8, bootstrap_values=leaves[2])
+        if fused:
+            g, adv = returns_with_advantages(leaves[0], leaves[1], term, done, next_values=leaves[2], **kw)
+        else:
+            g = R.compute_lambda_returns(leaves[0], leaves[2], term, done, **kw)
+            adv = g - leaves[1]
+        grads.append(torch.autograd.grad([g, adv], leaves, [g_ret, g_adv]))
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

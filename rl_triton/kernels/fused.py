@@ -109,7 +109,7 @@ def gae_kernel(
             tl.store(p_adv + off, b_x, mask=m)
             if TARGET:  # the stored advantage plus V(s_t), rounded once: what `adv + values` gives
                 b_x = b_x.to(p_adv.dtype.element_ty).to(ACC)
-                tl.store(p_tgt + off, b_x + b_v, mask=m)
+                tl.store(p_tgt + off, b_x + tl.load(p_v + off, mask=m, other=0).to(ACC), mask=m)
     b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
@@ -318,11 +318,14 @@ def returns_kernel(
     p_r,  # [N, T] rewards
     p_nv,  # [N, T] next values V(s_{t+1}) (if HAS_NV; TD(lambda) returns)
     p_term, p_trunc, p_boot,  # flags and bootstrap values as in gae_kernel
+    p_v,  # [N, T] values V(s_t) (if ADV)
     p_g,  # [N, T] output returns
+    p_adv,  # [N, T] output advantages G_t - V(s_t) (if ADV)
     N, T,
     gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
+    ADV: tl.constexpr,  # also store the advantages
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
@@ -358,6 +361,9 @@ def returns_kernel(
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_g + off, b_g, mask=m)
+            if ADV:  # the stored return minus V(s_t), rounded once: what `returns - values` gives
+                b_g = b_g.to(p_g.dtype.element_ty).to(ACC)
+                tl.store(p_adv + off, b_g - tl.load(p_v + off, mask=m, other=0).to(ACC), mask=m)
     b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 

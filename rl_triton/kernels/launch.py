@@ -644,27 +644,31 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
     return qt, adv
 
 
-def returns(p, gamma: float, lambda_: float) -> torch.Tensor:
+def returns(p, gamma: float, lambda_: float, adv: bool = False):
+    """Discounted or TD(lambda) returns; with ``adv``, ``(returns, returns - values)`` from the same
+    launch (the advantages, rounded as the separate subtraction would round them)."""
     t = p.tensors
     r = t["rewards"]
     out = p.new_output()
+    advantages = p.new_output() if adv else out
 
     def build(cached: bool) -> _Plan:
         kind = "returns" if t.get("next_values") is None else "returns_nv"
         layout = scan_layout(kind, p.num_envs, p.seq_len, p.dtype)
         constexprs = dict(
             HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
-            HAS_BOOT=t.get("bootstrap_values") is not None, ACC=_acc(p.dtype),
+            HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype),
             GROUPED=_group(layout.tiles, p.dtype),
         )  # fmt: skip
         return _scan_plan(fused.returns_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(
-        _cached_plan(p.plans, ("returns",), build),
+        _cached_plan(p.plans, ("returns", adv), build),
         (r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r),
-        _dummy(t, "bootstrap_values", r), out, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_)),
+        _dummy(t, "bootstrap_values", r), _dummy(t, "values", r), out, advantages, p.num_envs, p.seq_len, *hp(gamma),
+        *hp(lambda_)),
     )  # fmt: skip
-    return out
+    return (out, advantages) if adv else out
 
 
 def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:

@@ -290,8 +290,9 @@ class _RLTritonEstimator(CachedScalars):
 
     def _fast_td(self, tensordict, value_target_fn, gamma_ok: bool, rows_needed: bool = True):
         """TD(0)/TD(1)/TD(lambda) fast path: ``value_target_fn(value, next_value, reward, done,
-        terminated, rows)`` gives the target; writes ``advantage`` and ``value_target`` as
-        :meth:`_td_forward` does. None when the call is not the common case."""
+        terminated, rows)`` gives the target, or ``(target, target - value)`` from one launch;
+        writes ``advantage`` and ``value_target`` as :meth:`_td_forward` does. None when the call
+        is not the common case."""
         if not gamma_ok or self.average_rewards or self.is_stateless:
             return None
         got = self._fast_inputs(tensordict, None, rows_needed)
@@ -301,6 +302,8 @@ class _RLTritonEstimator(CachedScalars):
 
         def targets():
             value_target = value_target_fn(value, next_value, reward, done, terminated, rows)
+            if type(value_target) is tuple:
+                return value_target
             return value_target, value_target - value
 
         value_target, advantage = self._in_grad_mode(self._grad_mode_differs(value, next_value, reward), targets)
@@ -471,13 +474,16 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
         gamma_ok = in_unit(gamma)
 
         def target(value, next_value, reward, done, terminated, rows):
-            return F.compute_discounted_returns(
+            g, adv = F.returns_with_advantages(  # compute_discounted_returns, and its difference with value
                 reward.reshape(rows),
+                value.reshape(rows),
                 terminated.reshape(rows),
                 done.reshape(rows),
                 gamma=gamma,
+                lambda_=1.0,
                 bootstrap_values=next_value.reshape(rows),
-            ).reshape(reward.shape)
+            )
+            return g.reshape(reward.shape), adv.reshape(reward.shape)
 
         return self._fast_td(tensordict, target, gamma_ok)
 
@@ -554,15 +560,17 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
 
         def target(value, next_value, reward, done, terminated, rows):
             nv = next_value.reshape(rows)
-            return F.compute_lambda_returns(
+            g, adv = F.returns_with_advantages(  # compute_lambda_returns, and its difference with value
                 reward.reshape(rows),
-                nv,
+                value.reshape(rows),
                 terminated.reshape(rows),
                 done.reshape(rows),
                 gamma=gamma,
                 lambda_=lmbda,
+                next_values=nv,
                 bootstrap_values=nv,
-            ).reshape(reward.shape)
+            )
+            return g.reshape(reward.shape), adv.reshape(reward.shape)
 
         return self._fast_td(tensordict, target, gamma_ok)
 

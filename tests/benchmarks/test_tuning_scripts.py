@@ -1,12 +1,13 @@
 """CPU checks of the kernel-tuning scripts' host-side logic (their measurements need a GPU):
 the issue-target verdicts and table of benchmarks.targets, the policy override of
-benchmarks.tile_sweep, and the probe kernel of benchmarks.scan_variants under the interpreter."""
+benchmarks.tile_sweep, the probe kernel of benchmarks.scan_variants under the interpreter, and the
+two-launch stand-ins of benchmarks.fused_outputs."""
 
 import pytest
 import torch
 
 import rl_triton as R
-from benchmarks import scan_variants, targets, tile_sweep
+from benchmarks import fused_outputs, scan_variants, targets, tile_sweep
 from rl_triton.kernels import launch
 
 
@@ -106,3 +107,23 @@ def test_scan_probe_modes_compute_the_recurrence(mode):
     y = torch.zeros_like(x)
     scan_variants.probe_kernel[(3,)](x, d, y, 3, 32, MODE=mode, BN=1, BT=32)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_outputs_pairs_and_stand_ins_agree(path):
+    """Each fused call of benchmarks.fused_outputs and its two-launch counterpart give the same
+    numbers, and so do the stand-ins its module rounds swap in for the fused entry points."""
+    g = torch.Generator().manual_seed(3)
+    r, v, nv = (torch.randn(3, 37, dtype=torch.float64, generator=g).to(path.device) for _ in range(3))
+    done = (torch.rand(3, 37, generator=g) < 0.2).to(path.device)
+    term = done & (torch.rand(3, 37, generator=g) < 0.5).to(path.device)
+    for fused, separate in fused_outputs._pairs(r, v, nv, term, done).values():
+        torch.testing.assert_close(fused(), separate(), atol=1e-12, rtol=1e-12)
+    (gae, returns), (gae_two, returns_two) = fused_outputs._two_launches()
+    kw = dict(gamma=0.9, lambda_=0.8)
+    for a, b in [
+        (gae(r, v, nv, term, done, targets=True, **kw), gae_two(r, v, nv, term, done, targets=True, **kw)),
+        (returns(r, v, term, done, next_values=nv, **kw), returns_two(r, v, term, done, next_values=nv, **kw)),
+        (returns(r, v, term, done, gamma=0.9, lambda_=1.0), returns_two(r, v, term, done, gamma=0.9, lambda_=1.0)),
+    ]:
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-12)

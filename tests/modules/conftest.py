@@ -12,6 +12,7 @@ import pytest
 # rl_triton entry points the estimators and transforms are built on.
 _FUNCTIONAL = (
     "gae_with_next_values",
+    "returns_with_advantages",
     "vtrace_with_next_values",
     "compute_gae",
     "compute_vtrace",

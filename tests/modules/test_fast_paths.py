@@ -53,12 +53,16 @@ class _Spy:
         est._forward = counted
 
 
-def _assert_same(a: TensorDict, b: TensorDict):
+def _assert_same(a: TensorDict, b: TensorDict, one_ulp: tuple = ()):
+    """Bit for bit, but the keys of ``one_ulp``, compared to one bfloat16 ulp: the TD(1)/TD(lambda)
+    fast paths take ``G - V`` from the kernel, rounded there as the general path's subtraction rounds
+    it on the GPU and the CPU, but Triton's interpreter casts float32 to bfloat16 toward zero."""
     assert set(a.keys(True, True)) == set(b.keys(True, True))
     for key in a.keys(True, True):
         x, y = a.get(key), b.get(key)
         assert x.shape == y.shape and x.dtype == y.dtype and x.requires_grad == y.requires_grad, key
-        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True, msg=lambda m, k=key: f"{k}: {m}")
+        tol = 2**-7 if key in one_ulp else 0
+        torch.testing.assert_close(x, y, rtol=tol, atol=0, equal_nan=True, msg=lambda m, k=key: f"{k}: {m}")
 
 
 def _run_both(est, td, **call):
@@ -80,7 +84,8 @@ def test_fast_path_equals_general_path(path, name, batch, feature, dtype):
     est = ESTIMATORS[name]()
     fast, general, fell_back = _run_both(est, _td(batch, feature, dtype, path.device))
     assert not fell_back, "the common case should take the fast path"
-    _assert_same(fast, general)
+    interpreted_bf16 = path.name == "interpret" and dtype == torch.bfloat16 and name in ("TD1", "TDLambda")
+    _assert_same(fast, general, one_ulp=("advantage",) if interpreted_bf16 else ())
     assert "advantage" in fast.keys() and "value_target" in fast.keys()
 
 
