@@ -67,23 +67,46 @@ def test_vtrace_with_next_values(path, shape):
     torch.testing.assert_close(adv.cpu(), want_adv, atol=1e-10, rtol=1e-10)
 
 
+def _typed_data(shape, dtype, device):
+    """``_data`` as ``(N, T)`` or, for a 1-D ``shape``, one row of ``(T,)``; floats in ``dtype``."""
+    n, t = (1, shape[0]) if len(shape) == 1 else shape
+    r, v, nv, done, term, _, _ = (x.reshape(shape) for x in _data(n, t, device))
+    return (n, t), *(x.to(dtype) for x in (r, v, nv)), done, term
+
+
+def _assert_rounded_once(path, got, want):
+    """``got`` (the kernel's second output) equals ``want`` (the separate op) bit for bit; under
+    Triton's interpreter, which casts float32 to bfloat16 toward zero (compiled kernels round to
+    nearest even), to one bfloat16 ulp."""
+    if path.name == "interpret" and got.dtype == torch.bfloat16:
+        torch.testing.assert_close(got, want, atol=0, rtol=2**-7)
+    else:
+        assert torch.equal(got, want)
+
+
+def _assert_same_gradients(path, fused, separate):
+    """``fused(r, v, nv)`` and ``separate(r, v, nv)`` (two outputs each) give the same gradients."""
+    r, v, nv, _, _, _, _ = _data(3, 40, path.device)
+    cotangents = list(torch.randn(2, 3, 40, dtype=torch.float64).to(path.device))
+    grads = []
+    for fn in (fused, separate):
+        leaves = [x.clone().requires_grad_(True) for x in (r, v, nv)]
+        grads.append(torch.autograd.grad(list(fn(*leaves)), leaves, cotangents))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 300), (300,)], ids=lambda s: "x".join(map(str, s)))
 def test_gae_targets_are_advantages_plus_values(path, dtype, shape):
     """``targets=True`` (the GAE modules' value targets from the same launch) gives the advantages of
     the plain call and ``A + values`` bit for bit, rounded once to the inputs' dtype."""
-    n, t = (1, shape[0]) if len(shape) == 1 else shape
-    r, v, nv, done, term, _, _ = (x.reshape(*shape) if len(shape) == 1 else x for x in _data(n, t, path.device))
-    r, v, nv = (x.to(dtype) for x in (r, v, nv))
+    (n, t), r, v, nv, done, term = _typed_data(shape, dtype, path.device)
     adv, tgt = gae_with_next_values(r, v, nv, term, done, gamma=0.97, lambda_=0.9, targets=True)
     plain = gae_with_next_values(r, v, nv, term, done, gamma=0.97, lambda_=0.9)
     assert adv.shape == tgt.shape == r.shape and adv.dtype == tgt.dtype == dtype
     assert torch.equal(adv, plain)
-    if path.name == "interpret" and dtype == torch.bfloat16:
-        # Triton's interpreter casts float32 to bfloat16 toward zero; compiled kernels round to nearest even
-        torch.testing.assert_close(tgt, adv + v, atol=0, rtol=2**-7)
-    else:
-        assert torch.equal(tgt, adv + v)
+    _assert_rounded_once(path, tgt, adv + v)
     rows = [x.cpu().reshape(n, t) for x in (r, v, nv, done, term)]
     want = _gae_loop(*(x.double() for x in rows[:3]), *rows[3:], 0.97, 0.9) + rows[1].double()
     tol = {torch.float64: 1e-10, torch.float32: 1e-5}.get(dtype, 5e-2)
@@ -92,19 +115,16 @@ def test_gae_targets_are_advantages_plus_values(path, dtype, shape):
 
 def test_gae_targets_gradients(path):
     """Gradients through both outputs of ``targets=True`` equal those of the plain call plus ``values``."""
-    r, v, nv, done, term, _, _ = _data(3, 40, path.device)
-    g_adv, g_tgt = torch.randn(2, 3, 40, dtype=torch.float64).to(path.device)
-    grads = []
-    for fused in (True, False):
-        leaves = [x.clone().requires_grad_(True) for x in (r, v, nv)]
-        if fused:
-            adv, tgt = gae_with_next_values(*leaves, term, done, gamma=0.97, lambda_=0.9, targets=True)
-        else:
-            adv = gae_with_next_values(*leaves, term, done, gamma=0.97, lambda_=0.9)
-            tgt = adv + leaves[1]
-        grads.append(torch.autograd.grad([adv, tgt], leaves, [g_adv, g_tgt]))
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    _, _, _, done, term, _, _ = _data(3, 40, path.device)
+    kw = dict(gamma=0.97, lambda_=0.9)
+
+    def separate(r, v, nv):
+        adv = gae_with_next_values(r, v, nv, term, done, **kw)
+        return adv, adv + v
+
+    _assert_same_gradients(
+        path, lambda r, v, nv: gae_with_next_values(r, v, nv, term, done, targets=True, **kw), separate
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
@@ -113,9 +133,7 @@ def test_gae_targets_gradients(path):
 def test_returns_with_advantages(path, dtype, shape, form):
     """The TD(1) / TD(lambda) modules' ``(G, G - values)`` from one launch: ``G`` is the public
     function's result bit for bit, the advantages are ``G - values`` rounded once."""
-    n, t = (1, shape[0]) if len(shape) == 1 else shape
-    r, v, nv, done, term, _, _ = (x.reshape(*shape) if len(shape) == 1 else x for x in _data(n, t, path.device))
-    r, v, nv = (x.to(dtype) for x in (r, v, nv))
+    _, r, v, nv, done, term = _typed_data(shape, dtype, path.device)
     if form == "lambda":
         g, adv = returns_with_advantages(r, v, term, done, gamma=0.97, lambda_=0.8, next_values=nv, bootstrap_values=nv)
         want = R.compute_lambda_returns(r, nv, term, done, gamma=0.97, lambda_=0.8, bootstrap_values=nv)
@@ -124,26 +142,19 @@ def test_returns_with_advantages(path, dtype, shape, form):
         want = R.compute_discounted_returns(r, term, done, gamma=0.97, bootstrap_values=nv)
     assert g.shape == adv.shape == r.shape and g.dtype == adv.dtype == dtype
     assert torch.equal(g, want)
-    if path.name == "interpret" and dtype == torch.bfloat16:
-        # Triton's interpreter casts float32 to bfloat16 toward zero; compiled kernels round to nearest even
-        torch.testing.assert_close(adv, g - v, atol=0, rtol=2**-7)
-    else:
-        assert torch.equal(adv, g - v)
+    _assert_rounded_once(path, adv, g - v)
 
 
 def test_returns_with_advantages_gradients(path):
     """Gradients through both outputs equal those of compute_lambda_returns and ``G - values``."""
-    r, v, nv, done, term, _, _ = _data(3, 40, path.device)
-    g_ret, g_adv = torch.randn(2, 3, 40, dtype=torch.float64).to(path.device)
-    grads = []
-    for fused in (True, False):
-        leaves = [x.clone().requires_grad_(True) for x in (r, v, nv)]
-        kw = dict(gamma=0.97, lambda_=0.8, bootstrap_values=leaves[2])
-        if fused:
-            g, adv = returns_with_advantages(leaves[0], leaves[1], term, done, next_values=leaves[2], **kw)
-        else:
-            g = R.compute_lambda_returns(leaves[0], leaves[2], term, done, **kw)
-            adv = g - leaves[1]
-        grads.append(torch.autograd.grad([g, adv], leaves, [g_ret, g_adv]))
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    _, _, _, done, term, _, _ = _data(3, 40, path.device)
+    kw = dict(gamma=0.97, lambda_=0.8)
+
+    def fused(r, v, nv):
+        return returns_with_advantages(r, v, term, done, next_values=nv, bootstrap_values=nv, **kw)
+
+    def separate(r, v, nv):
+        g = R.compute_lambda_returns(r, nv, term, done, bootstrap_values=nv, **kw)
+        return g, g - v
+
+    _assert_same_gradients(path, fused, separate)
