@@ -272,7 +272,7 @@ def test_small_launch_policy(monkeypatch):
     assert layout("forward", 4, 1 << 20) == (1024, 1024, 1, False, 1, None)  # 2048 blocks: still two passes
     assert layout("forward", 8, 1 << 20) == (2048, 512, 1, True, 256, 72)  # 4096 blocks
     assert layout("returns", 1, 1 << 20) == (2048, 512, 1, True, 128, None)
-    assert layout("returns_nv", 1, 1 << 20) == (2048, 512, 1, True, 512, None)
+    assert layout("returns_nv", 1, 1 << 20) == (2048, 512, 1, True, 256, None)
     assert layout("vtrace", 1, 1 << 20) == (1024, 1024, 1, True, 256, 80)  # no small-launch entry
     monkeypatch.setattr(launch, "_SMALL_BLOCKS", {})
     assert layout("gae", 1, 1 << 20) == (2048, 512, 1, True, 64, 72)

@@ -392,8 +392,13 @@ _SPLIT_POLICY = {
 # - GAE in 4096-step blocks and windows of up to 512 blocks, one or two per row (1x1,048,576: 14.0 vs
 #   15.2, 1x524,288 11.9 vs 12.3, 1x2,097,152 22.5 vs 23.7; 2x1,048,576 and 4x262,144 within 2%; at
 #   2048 blocks the main policy wins: 1x4,194,304 36.6 vs 37.8);
-# - TD(lambda) in windows of up to 512 blocks (1x1,048,576 14.5 vs 14.6, 2x1,048,576 20.8 vs 21.5,
-#   4x262,144 13.5 vs 14.3, 1x2,097,152 21.6 vs 22.1);
+# - TD(lambda) in windows of up to 256 blocks (1x1,048,576 14.5 vs 14.6 with windows of 512 against
+#   the main policy's 64, 2x1,048,576 20.8 vs 21.5, 4x262,144 13.5 vs 14.3, 1x2,097,152 21.6 vs 22.1;
+#   then 256 against 512 in three sweeps, tile_sweep_small_lambda{,2,3}_h200.json: 1x1,048,576
+#   14.7-14.9 vs 15.0-15.1, 2x1,048,576 20.6-20.7 vs 21.1-21.4, 1x2,097,152 21.7-21.9 vs 21.9-22.1,
+#   shorter rows the same window either way; 128 was faster on single 1-2M-step rows, 14.4-14.5 and
+#   21.1-21.2, but slower at 2x1,048,576 and on 524,288-step rows; 4096-step blocks of 8 warps 14.5
+#   at 1x1,048,576 but slower at 2x1,048,576, 4x262,144 and 1x2,097,152);
 # - the forward traces in two passes over 1024-step blocks below 4096 blocks (1x1,048,576: 12.5 vs
 #   13.6 at best by look-back; 1x4,194,304, 2048 blocks: 26.4 vs 27.5), where from 4096 blocks on the
 #   look-back wins (1x8,388,608 44.9 vs 48.9, 32x262,144 38.1 vs 42.6, tile_sweep_small_cross_h200
@@ -402,7 +407,7 @@ _SMALL_BLOCKS = {"gae": 2048, "returns": 2048, "returns_nv": 2048, "forward": 40
 _SMALL_SPLIT_POLICY = {
     "gae": (4, True, 512, None, None),
     "returns": (2, True, 128, None, None),
-    "returns_nv": (2, True, 512, 4, None),
+    "returns_nv": (2, True, 256, 4, None),
     "forward": (1, False, 256, None, None),
 }
 # Sweep overrides (None: the kernel's policy): the block chunk factor of _SPLIT_POLICY (capped by
