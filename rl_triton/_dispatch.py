@@ -83,20 +83,39 @@ def run(
     differentiable: tuple[str, ...],
     n_out: int,
 ) -> tuple[torch.Tensor, ...]:
-    """Runs one validated call on the chosen backend and returns its outputs (2-D)."""
+    """Runs one validated call on the chosen backend and returns its outputs (2-D, or in the callers'
+    shape for a ``shaped`` call: see :func:`rl_triton._validation.prepare`'s ``rows``)."""
     if p.empty:
         return tuple(p.new_output() for _ in range(n_out))
-    if not use_kernels(p.device, p.device_type or None):
+    kernels = use_kernels(p.device, p.device_type or None)
+    grad = kernels and _needs_grad(p.tensors, differentiable)
+    if p.shaped and (grad or not kernels):
+        # the PyTorch forms (and autograd's backward) need the (N, T) views
+        shape, rows = p.like.shape, (p.num_envs, p.seq_len)
+
+        def rows_kernel():
+            return tuple(o.reshape(rows) for o in kernel())
+
+        return tuple(o.reshape(shape) for o in run(p.as_rows(), algo, scalars, rows_kernel, differentiable, n_out))
+    if not kernels:
         outs = algo(p.tensors, scalars, p.acc_dtype, _torch_scan)
         return tuple(o.to(p.dtype) for o in outs)
-    if torch.is_grad_enabled():
+    if grad:
         tensors = p.tensors
-        for n in differentiable:
-            t = tensors.get(n)
-            if t is not None and t.requires_grad:
-                names = [n for n in differentiable if tensors.get(n) is not None]
-                return _KernelWithGrad.apply(p, algo, scalars, kernel, names, *[tensors[n] for n in names])
+        names = [n for n in differentiable if tensors.get(n) is not None]
+        return _KernelWithGrad.apply(p, algo, scalars, kernel, names, *[tensors[n] for n in names])
     return kernel()
+
+
+def _needs_grad(tensors: dict, differentiable: tuple[str, ...]) -> bool:
+    """Whether autograd must record the call: grad mode on and a differentiable input requiring grad."""
+    if not torch.is_grad_enabled():
+        return False
+    for n in differentiable:
+        t = tensors.get(n)
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 class _KernelWithGrad(torch.autograd.Function):

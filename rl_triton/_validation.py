@@ -44,6 +44,10 @@ class Prepared:
     # A (num_envs, seq_len) contiguous tensor of the output dtype and device (the first per-step
     # input), which new_output allocates like; None: allocate from the fields above.
     like: torch.Tensor | None = None
+    # The per-step tensors (and so the outputs) are in the caller's shape, whose (num_envs, seq_len)
+    # view prepare's ``rows`` gave, not in that view: only the kernels read them as they are
+    # (:meth:`as_rows` gives the view).
+    shaped: bool = False
 
     @property
     def acc_dtype(self) -> torch.dtype:
@@ -61,6 +65,23 @@ class Prepared:
 
     def finish(self, out: torch.Tensor) -> torch.Tensor:
         return out.squeeze(0) if self.squeeze else out
+
+    def as_rows(self) -> Prepared:
+        """This call with its per-step tensors as ``(num_envs, seq_len)`` views (a ``shaped`` call's
+        form for the PyTorch path, autograd and the data checks)."""
+        if not self.shaped:
+            return self
+        rows = (self.num_envs, self.seq_len)
+        tensors = {n: _as_rows(t, rows) for n, t in self.tensors.items()}  # per-step tensors only (prepare)
+        like = _as_rows(self.like, rows)
+        return Prepared(
+            self.fn, self.num_envs, self.seq_len, self.dtype, self.device, self.squeeze, tensors, self.num_actions,
+            self.plans, self.device_type, like,
+        )  # fmt: skip
+
+
+def _as_rows(t: torch.Tensor | None, rows: tuple[int, int]) -> torch.Tensor | None:
+    return t if t is None or t.shape == rows else t.reshape(rows)
 
 
 def scalar(name: str, value, *, lo: float | None = 0.0, hi: float | None = 1.0) -> float:
@@ -159,13 +180,19 @@ def prepare(
     per_action: dict[str, torch.Tensor | None] | None = None,
     actions: tuple[str, torch.Tensor] | None = None,
     required: tuple[str, ...] = (),
+    rows: tuple[int, int] | None = None,
 ) -> Prepared:
     """Validates and normalises the tensors of one call (see :func:`_prepare`); calls whose
-    signature passed validation before take the cached result."""
+    signature passed validation before take the cached result.
+
+    ``rows`` (private, for :mod:`rl_triton.modules`): the per-step tensors and flags have one shape
+    whose ``reshape(rows)`` is their ``(N, T)`` form (time last, or ``[..., T, 1]``; no per-action
+    tensors). They are validated in that form; a call that can be cached then keeps them unreshaped
+    (``Prepared.shaped``), so its outputs come in the callers' shape without a view op either way."""
     key = None
     if actions is None or (isinstance(actions[1], torch.Tensor) and actions[1].device.type != "cpu"):
         # the signature and the (name, tensor) pairs in one pass (the cache hit path: kept lean)
-        key = [fn, required]
+        key = [fn, required] if rows is None else [fn, required, rows]
         items = []
         for group in (steps, flags, per_env, per_action):
             if not group:
@@ -193,7 +220,7 @@ def prepare(
             key = tuple(key)
             meta = _CACHE.get(key)
             if meta is not None:
-                num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, views, like, plans = meta
+                num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, views, like, shaped, plans = meta
                 tensors = {}
                 for (name, t), view in zip(items, views, strict=True):
                     if view:
@@ -204,19 +231,32 @@ def prepare(
                     tensors[name] = t
                 return Prepared(
                     fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans, device_type,
-                    None if like is None else tensors[like],
+                    None if like is None else tensors[like], shaped,
                 )  # fmt: skip
+    vsteps, vflags = steps, flags
+    if rows is not None:
+        if any(t is not None for g in (per_env or {}, per_action or {}) for t in g.values()) or actions is not None:
+            raise ValueError(f"{fn}: rows= takes per-step tensors and flags only")
+        vsteps, vflags = ({n: _as_rows(t, rows) for n, t in g.items()} for g in (steps, flags))
     out = _prepare(
-        fn, steps=steps, flags=flags, per_env=per_env, per_action=per_action, actions=actions, required=required
+        fn, steps=vsteps, flags=vflags, per_env=per_env, per_action=per_action, actions=actions, required=required
     )
     if key is not None:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
         out.plans = {}
         views = _views(items, out.squeeze)
+        like = _first_given(steps)
+        if rows is not None and any(t is not None and t.shape != rows for _, t in items):
+            # keep the callers' shape, as a cache hit will (every tensor is contiguous here)
+            for (name, t), view in zip(items, views, strict=True):
+                if t is not None:
+                    out.tensors[name] = t.view(torch.uint8) if view & _AS_BYTES else t
+            out.like = None if like is None else out.tensors[like]
+            out.shaped = True
         _CACHE[key] = (
             out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.device_type, views,
-            _first_given(steps), out.plans,
+            like, out.shaped, out.plans,
         )  # fmt: skip
     return out
 
@@ -355,7 +395,7 @@ def check_data(p: Prepared, *, term: str | None = None, trunc: str | None = None
     that are nonzero at steps where they are never read."""
     if not _config.CORRECTNESS_WARNINGS or p.empty:
         return
-    t = p.tensors
+    t = p.as_rows().tensors
     for name in ("terminateds", "truncateds", "dones"):
         f = t.get(name)
         if f is not None and bool(((f != 0) & (f != 1)).any()):

@@ -104,7 +104,8 @@ def compute_gae(
 
 
 def _gae(
-    fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all, targets=False
+    fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all, targets=False,
+    rows=None,
 ):  # fmt: skip
     s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_), "next_all": next_all}
     p = prepare(
@@ -113,6 +114,7 @@ def _gae(
         flags={"terminateds": terminateds, "truncateds": truncateds},
         per_env={"last_value": last_value},
         required=_GAE_REQUIRED[next_all],
+        rows=rows,
     )
     if not next_all:
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
@@ -133,7 +135,7 @@ def _gae(
 
 
 def gae_with_next_values(
-    rewards, values, next_values, terminateds, dones, *, gamma, lambda_, targets: bool = False
+    rewards, values, next_values, terminateds, dones, *, gamma, lambda_, targets: bool = False, rows=None
 ):  # fmt: skip
     """GAE in TorchRL's form: ``next_values[t]`` = V(s_{t+1}) is used at every step (not only at
     boundaries), ``dones`` cuts the recursion and ``terminateds`` zeroes the bootstrap::
@@ -143,10 +145,12 @@ def gae_with_next_values(
 
     Used by :mod:`rl_triton.modules`; same shapes and dtypes as :func:`compute_gae`. With
     ``targets=True`` returns ``(A, A + values)``, both from one kernel launch; the sum is rounded to
-    the inputs' dtype once, so it equals ``A + values`` bit for bit.
+    the inputs' dtype once, so it equals ``A + values`` bit for bit. ``rows=(N, T)``: the inputs share
+    one shape whose ``reshape(rows)`` is their ``(N, T)`` form (``[..., T, 1]`` or time last); the
+    outputs then come in that shape, without view ops on the kernel path (:func:`prepare`).
     """
     fn = "gae_with_next_values"
-    return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets)
+    return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows)
 
 
 @compilable(like="rewards", n_out=2)
@@ -445,12 +449,13 @@ def compute_lambda_returns(
 
 
 def returns_with_advantages(
-    rewards, values, terminateds, truncateds, *, gamma, lambda_, next_values=None, bootstrap_values=None
+    rewards, values, terminateds, truncateds, *, gamma, lambda_, next_values=None, bootstrap_values=None, rows=None
 ):  # fmt: skip
     """``(G, G - values)`` from one kernel launch, for :mod:`rl_triton.modules`' TD(1) and TD(lambda)
     estimators: ``G`` is :func:`compute_lambda_returns` (with ``next_values``) or, without them and
     with ``lambda_ = 1``, :func:`compute_discounted_returns`, bit for bit; the advantages are rounded
-    to the inputs' dtype once, so they equal ``G - values`` bit for bit."""
+    to the inputs' dtype once, so they equal ``G - values`` bit for bit. ``rows``: as in
+    :func:`gae_with_next_values`."""
     fn = "returns_with_advantages"
     s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
     p = prepare(
@@ -458,6 +463,7 @@ def returns_with_advantages(
         steps={"rewards": rewards, "values": values, "next_values": next_values, "bootstrap_values": bootstrap_values},
         flags={"terminateds": terminateds, "truncateds": truncateds},
         required=("rewards", "values", "terminateds"),
+        rows=rows,
     )
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 

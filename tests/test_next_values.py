@@ -158,3 +158,67 @@ def test_returns_with_advantages_gradients(path):
         return g, g - v
 
     _assert_same_gradients(path, fused, separate)
+
+
+def _fused(form, r, v, nv, term, done, **kw):
+    """The modules' one-launch call: GAE with its value targets, or TD(lambda) returns with advantages."""
+    if form == "gae":
+        return gae_with_next_values(r, v, nv, term, done, gamma=0.97, lambda_=0.8, targets=True, **kw)
+    return returns_with_advantages(r, v, term, done, gamma=0.97, lambda_=0.8, next_values=nv, bootstrap_values=nv, **kw)
+
+
+@pytest.mark.parametrize("form", ["gae", "lambda"])
+@pytest.mark.parametrize("layout", [(4, 30, 1), (2, 2, 30), (2, 2, 30, 1)], ids=lambda s: "x".join(map(str, s)))
+def test_rows_keeps_the_callers_shape(path, form, layout):
+    """``rows=(N, T)`` (the modules' form): inputs of one shape whose ``reshape(rows)`` is their
+    ``(N, T)`` form give the 2-D call's numbers in that shape, first call and cache hits alike, with
+    or without autograd; non-contiguous inputs (not cached) give them as ``(N, T)``."""
+    rows = (4, 30)
+    r, v, nv, done, term, _, _ = _data(*rows, path.device)
+    want = _fused(form, r, v, nv, term, done)
+    flags = [x.reshape(layout) for x in (term, done)]
+    shaped = [x.reshape(layout) for x in (r, v, nv)]
+    for _ in range(2):  # the first call fills the validation cache, the second hits it
+        for g, w in zip(_fused(form, *shaped, *flags, rows=rows), want, strict=True):
+            assert g.shape == layout and torch.equal(g.reshape(rows), w)
+    strided = [torch.stack([x, x], -1)[..., 0] for x in shaped]  # non-contiguous: copied, not cached
+    for g, w in zip(_fused(form, *strided, *flags, rows=rows), want, strict=True):
+        assert g.shape == rows and torch.equal(g, w)
+    grads = []
+    for inputs, fl, kw in ((shaped, flags, {"rows": rows}), ((r, v, nv), (term, done), {})):
+        leaves = [x.clone().requires_grad_(True) for x in inputs]
+        outs = _fused(form, *leaves, *fl, **kw)
+        grads.append([g.reshape(rows) for g in torch.autograd.grad([o.sum() for o in outs], leaves)])
+    for g, w in zip(*grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-12)
+
+
+def test_rows_takes_per_step_tensors_only():
+    from rl_triton import _validation
+
+    x = torch.zeros(2, 3, 1)
+    with pytest.raises(ValueError, match="per-step tensors and flags only"):
+        _validation.prepare(
+            "t", steps={"rewards": x}, flags={"terminateds": x}, per_env={"last_value": torch.zeros(2)}, rows=(2, 3)
+        )
+
+
+def test_rows_data_checks(path, monkeypatch):
+    """The opt-in data checks read a ``rows=`` call's tensors in their ``(N, T)`` form: bootstrap
+    values set at the last step only are not reported, whatever the callers' layout."""
+    import warnings
+
+    from rl_triton import _config
+
+    monkeypatch.setattr(_config, "CORRECTNESS_WARNINGS", True)
+    r, v, nv, done, term, _, _ = _data(4, 30, path.device)
+    nv = torch.zeros_like(nv)
+    nv[:, -1] = 1.0
+    done = term = torch.zeros_like(done)
+    shaped = [x.reshape(2, 2, 30) for x in (r, v, nv, term, done)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        _fused("lambda", *shaped, rows=(4, 30))
+    nv[:, 3] = 1.0  # read nowhere: reported
+    with pytest.warns(UserWarning, match="nonzero at steps that are neither truncated nor the last step"):
+        _fused("lambda", *shaped, rows=(4, 30))

@@ -92,6 +92,13 @@ def _on_rows(fn, floats, flags, dim: int, n_out: int, **kwargs):
     return tuple(from_rows(o, shape, dim) for o in out)
 
 
+def _in_shape_of(like: torch.Tensor, outs: tuple) -> tuple:
+    """``outs`` of a ``rows=`` call (:func:`rl_triton._validation.prepare`) in ``like``'s shape: they
+    come in it already but from calls that cannot be cached (non-contiguous inputs)."""
+    shape = like.shape
+    return tuple(o if o.shape == shape else o.reshape(shape) for o in outs)
+
+
 def _buffer_on(buf: torch.Tensor, device: torch.device) -> torch.Tensor:
     return buf if buf.device == device else buf.to(device)
 
@@ -474,16 +481,12 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
         gamma_ok = in_unit(gamma)
 
         def target(value, next_value, reward, done, terminated, rows):
-            g, adv = F.returns_with_advantages(  # compute_discounted_returns, and its difference with value
-                reward.reshape(rows),
-                value.reshape(rows),
-                terminated.reshape(rows),
-                done.reshape(rows),
-                gamma=gamma,
-                lambda_=1.0,
-                bootstrap_values=next_value.reshape(rows),
+            return _in_shape_of(
+                value,
+                F.returns_with_advantages(  # compute_discounted_returns, and its difference with value
+                    reward, value, terminated, done, gamma=gamma, lambda_=1.0, bootstrap_values=next_value, rows=rows
+                ),
             )
-            return g.reshape(reward.shape), adv.reshape(reward.shape)
 
         return self._fast_td(tensordict, target, gamma_ok)
 
@@ -559,18 +562,13 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
         gamma_ok = in_unit(gamma, lmbda)
 
         def target(value, next_value, reward, done, terminated, rows):
-            nv = next_value.reshape(rows)
-            g, adv = F.returns_with_advantages(  # compute_lambda_returns, and its difference with value
-                reward.reshape(rows),
-                value.reshape(rows),
-                terminated.reshape(rows),
-                done.reshape(rows),
-                gamma=gamma,
-                lambda_=lmbda,
-                next_values=nv,
-                bootstrap_values=nv,
-            )
-            return g.reshape(reward.shape), adv.reshape(reward.shape)
+            return _in_shape_of(
+                value,
+                F.returns_with_advantages(  # compute_lambda_returns, and its difference with value
+                    reward, value, terminated, done, gamma=gamma, lambda_=lmbda, next_values=next_value,
+                    bootstrap_values=next_value, rows=rows,
+                ),
+            )  # fmt: skip
 
         return self._fast_td(tensordict, target, gamma_ok)
 
@@ -694,17 +692,20 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         return self._in_grad_mode(switch, self._fast_gae, tensordict, *got, gamma, lmbda)
 
     def _fast_gae(self, tensordict, keys, internals, value, next_value, reward, done, terminated, rows, gamma, lmbda):
-        adv, value_target = F.gae_with_next_values(
-            reward.reshape(rows),
-            value.reshape(rows),
-            next_value.reshape(rows),
-            terminated.reshape(rows),
-            done.reshape(rows),
-            gamma=gamma,
-            lambda_=lmbda,
-            targets=True,  # value_target = adv + value from the same launch, bit for bit
+        adv, value_target = _in_shape_of(
+            value,
+            F.gae_with_next_values(
+                reward,
+                value,
+                next_value,
+                terminated,
+                done,
+                gamma=gamma,
+                lambda_=lmbda,
+                targets=True,  # value_target = adv + value from the same launch, bit for bit
+                rows=rows,
+            ),
         )
-        adv, value_target = adv.reshape(value.shape), value_target.reshape(value.shape)
         if self.average_gae:
             adv = self._normalize_advantage(adv, None, groups=self._group_ids(tensordict))
         td_set(tensordict, keys["advantage"], adv, internals)
