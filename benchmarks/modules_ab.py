@@ -1,0 +1,92 @@
+"""The estimator modules of several source trees compared on CUDA in one run: for each tree and each
+round, a fresh process times ``GAE``, ``TD1Estimator`` and ``TDLambdaEstimator`` (no value network)
+on ``[N, T, 1]`` TensorDicts, as full calls (CUDA events around one forward, median of 300) and as
+host time per call in a loop of 2000. Rounds alternate the trees, because the host time of a call
+drifts between processes by up to ~1.7x on the H200's host; compare the fastest rounds.
+
+Usage (the trees hold ``rl_triton/`` and ``benchmarks/``, e.g. from ``git archive REV rl_triton
+benchmarks | tar -x -C DIR``):
+
+    python -m benchmarks.modules_ab DIR [DIR ...] [--rounds 4] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+SHAPES = [(64, 512), (4096, 2048)]
+
+_CHILD = r"""
+import json, statistics, sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+from benchmarks.modules_vs_torchrl import rollout
+from rl_triton.modules import GAE, TD1Estimator, TDLambdaEstimator
+
+result = {}
+for n, t in json.loads(sys.argv[2]):
+    td = rollout(n, t, "cuda")
+    modules = {
+        "GAE": GAE(gamma=0.99, lmbda=0.95, value_network=None),
+        "TD1Estimator": TD1Estimator(gamma=0.99, value_network=None),
+        "TDLambdaEstimator": TDLambdaEstimator(gamma=0.99, lmbda=0.95, value_network=None),
+    }
+    for name, module in modules.items():
+        for _ in range(50):
+            module(td.clone(False))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(300):
+            data = td.clone(False)
+            start.record()
+            module(data)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        batch = [td.clone(False) for _ in range(2000)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for data in batch:
+            module(data)
+        host = (time.perf_counter() - t0) / len(batch) * 1e6
+        torch.cuda.synchronize()
+        result[f"{name} {n}x{t}"] = {"full_call_us": statistics.median(times), "host_us": host}
+print(json.dumps(result))
+"""
+
+
+def run_tree(tree: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, tree, json.dumps(SHAPES)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode:
+        raise RuntimeError(f"{tree}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trees", nargs="+")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rounds: dict[str, list[dict]] = {tree: [] for tree in args.trees}
+    for _ in range(args.rounds):
+        for tree in args.trees:
+            rounds[tree].append(run_tree(tree))
+    for tree, runs in rounds.items():
+        print(tree)
+        for key in runs[0]:
+            full = min(r[key]["full_call_us"] for r in runs)
+            host = min(r[key]["host_us"] for r in runs)
+            print(f"  {key:28s} fastest round: full call {full:7.1f} us, host {host:7.1f} us")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"shapes": SHAPES, "rounds": rounds}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
