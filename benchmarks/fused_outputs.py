@@ -91,23 +91,8 @@ def _two_launches():
     return (gae, returns), (gae_then_add, returns_then_sub)
 
 
-def _module_call_us(module, td, reps: int = 300) -> float:
-    for _ in range(20):
-        module(td.clone(False))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        data = td.clone(False)
-        start.record()
-        module(data)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 def module_rows(rounds: int) -> list[dict]:
-    from benchmarks.modules_vs_torchrl import rollout
+    from benchmarks.modules_vs_torchrl import full_call_us, rollout
     from rl_triton.modules import GAE, TD1Estimator, TDLambdaEstimator
 
     modules = {
@@ -125,7 +110,7 @@ def module_rows(rounds: int) -> list[dict]:
                 for _ in range(rounds):
                     for which, fns in (("fused", fused), ("separate", separate)):
                         F.gae_with_next_values, F.returns_with_advantages = fns
-                        times[which].append(_module_call_us(module, td))
+                        times[which].append(full_call_us(module, td, reps=300))
                 F.gae_with_next_values, F.returns_with_advantages = fused
                 row = dict(module=name, num_envs=n, seq_len=t, rounds_us=times)
                 for which in times:

@@ -1,6 +1,7 @@
 """The estimator modules of several source trees compared on CUDA in one run: for each tree and each
 round, a fresh process times ``GAE``, ``TD1Estimator`` and ``TDLambdaEstimator`` (no value network)
-on ``[N, T, 1]`` TensorDicts, as full calls (CUDA events around one forward, median of 300) and as
+on ``[N, T, 1]`` TensorDicts, as full calls (``modules_vs_torchrl.full_call_us``: CUDA events around
+one forward, median of 300) and as
 host time per call in a loop of 2000. Rounds alternate the trees, because the host time of a call
 drifts between processes by up to ~1.7x on the H200's host; compare the fastest rounds.
 
@@ -20,10 +21,10 @@ import sys
 SHAPES = [(64, 512), (4096, 2048)]
 
 _CHILD = r"""
-import json, statistics, sys, time
+import json, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
-from benchmarks.modules_vs_torchrl import rollout
+from benchmarks.modules_vs_torchrl import full_call_us, rollout
 from rl_triton.modules import GAE, TD1Estimator, TDLambdaEstimator
 
 result = {}
@@ -35,17 +36,7 @@ for n, t in json.loads(sys.argv[2]):
         "TDLambdaEstimator": TDLambdaEstimator(gamma=0.99, lmbda=0.95, value_network=None),
     }
     for name, module in modules.items():
-        for _ in range(50):
-            module(td.clone(False))
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(300):
-            data = td.clone(False)
-            start.record()
-            module(data)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
+        full = full_call_us(module, td, reps=300)
         batch = [td.clone(False) for _ in range(2000)]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -53,7 +44,7 @@ for n, t in json.loads(sys.argv[2]):
             module(data)
         host = (time.perf_counter() - t0) / len(batch) * 1e6
         torch.cuda.synchronize()
-        result[f"{name} {n}x{t}"] = {"full_call_us": statistics.median(times), "host_us": host}
+        result[f"{name} {n}x{t}"] = {"full_call_us": full, "host_us": host}
 print(json.dumps(result))
 """
 
