@@ -379,7 +379,7 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         gamma_ok = in_unit(gamma)
 
         def target(value, next_value, reward, done, terminated, rows):
-            return self._td0_rows(reward, next_value, terminated, gamma)
+            return self._td0_rows(reward, next_value, terminated, gamma, value)
 
         return self._fast_td(tensordict, target, gamma_ok, rows_needed=False)
 
@@ -410,16 +410,25 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
             )
         return self._td0_rows(reward, next_value, terminated, gamma)
 
-    def _td0_rows(self, reward, next_value, terminated, gamma):
-        """The TD(0) target of same-shape ``reward``, ``next_value`` and ``terminated``."""
+    def _td0_rows(self, reward, next_value, terminated, gamma, value=None):
+        """The TD(0) target of same-shape ``reward``, ``next_value`` and ``terminated``; with
+        ``value`` (of their shape and float dtype), ``(target, target - value)`` from one launch."""
         # elementwise: any (N, L) split of the flat data gives the same numbers; short rows keep
         # every kernel program busy (one long row would be a sequential walk over all elements)
         dtype = common_float_dtype(reward, next_value)
         numel = reward.numel()
-        rows = (-1, math.gcd(numel, _TD0_ROW)) if numel else (0, 1)
+        width = math.gcd(numel, _TD0_ROW) if numel else 1
+        rows = (numel // width, width)
+        every_step = self._all_steps(torch.Size(rows), reward.device)
+        if value is not None and value.dtype == reward.dtype == next_value.dtype and value.shape == reward.shape:
+            # the tensors as they are (rows=, no view op), the advantage from the same launch
+            outs = F.returns_with_advantages(
+                reward, value, terminated, every_step, gamma=gamma, lambda_=0.0, next_values=next_value,
+                bootstrap_values=next_value, rows=rows,
+            )  # fmt: skip
+            return _in_shape_of(reward, outs)
         nv = as_float(next_value, dtype).reshape(rows)
         r = as_float(reward, dtype).reshape(rows)
-        every_step = self._all_steps(r.shape, r.device)
         out = F.compute_lambda_returns(
             r, nv, terminated.reshape(rows), every_step, gamma=gamma, lambda_=0.0, bootstrap_values=nv
         )

@@ -54,7 +54,7 @@ class _Spy:
 
 
 def _assert_same(a: TensorDict, b: TensorDict, one_ulp: tuple = ()):
-    """Bit for bit, but the keys of ``one_ulp``, compared to one bfloat16 ulp: the TD(1)/TD(lambda)
+    """Bit for bit, but the keys of ``one_ulp``, compared to one bfloat16 ulp: the TD estimators'
     fast paths take ``G - V`` from the kernel, rounded there as the general path's subtraction rounds
     it on the GPU and the CPU, but Triton's interpreter casts float32 to bfloat16 toward zero."""
     assert set(a.keys(True, True)) == set(b.keys(True, True))
@@ -84,7 +84,7 @@ def test_fast_path_equals_general_path(path, name, batch, feature, dtype):
     est = ESTIMATORS[name]()
     fast, general, fell_back = _run_both(est, _td(batch, feature, dtype, path.device))
     assert not fell_back, "the common case should take the fast path"
-    interpreted_bf16 = path.name == "interpret" and dtype == torch.bfloat16 and name in ("TD1", "TDLambda")
+    interpreted_bf16 = path.name == "interpret" and dtype == torch.bfloat16 and name in ("TD0", "TD1", "TDLambda")
     _assert_same(fast, general, one_ulp=("advantage",) if interpreted_bf16 else ())
     assert "advantage" in fast.keys() and "value_target" in fast.keys()
 
