@@ -1,9 +1,9 @@
 """The estimator modules of several source trees compared on CUDA in one run: for each tree and each
-round, a fresh process times ``GAE``, ``TD1Estimator`` and ``TDLambdaEstimator`` (no value network)
-on ``[N, T, 1]`` TensorDicts, as full calls (``modules_vs_torchrl.full_call_us``: CUDA events around
-one forward, median of 300) and as
-host time per call in a loop of 2000. Rounds alternate the trees, because the host time of a call
-drifts between processes by up to ~1.7x on the H200's host; compare the fastest rounds.
+round, a fresh process times ``GAE``, ``TD0Estimator``, ``TD1Estimator`` and ``TDLambdaEstimator``
+(no value network) on ``[N, T, 1]`` TensorDicts, as full calls (``modules_vs_torchrl.full_call_us``:
+CUDA events around one forward, median of 300) and as host time per call in a loop of 2000. Rounds
+alternate the trees, because the host time of a call drifts between processes by up to ~1.7x on the
+H200's host; compare the fastest rounds.
 
 Usage (the trees hold ``rl_triton/`` and ``benchmarks/``, e.g. from ``git archive REV rl_triton
 benchmarks | tar -x -C DIR``):
@@ -25,13 +25,14 @@ import json, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
 from benchmarks.modules_vs_torchrl import full_call_us, rollout
-from rl_triton.modules import GAE, TD1Estimator, TDLambdaEstimator
+from rl_triton.modules import GAE, TD0Estimator, TD1Estimator, TDLambdaEstimator
 
 result = {}
 for n, t in json.loads(sys.argv[2]):
     td = rollout(n, t, "cuda")
     modules = {
         "GAE": GAE(gamma=0.99, lmbda=0.95, value_network=None),
+        "TD0Estimator": TD0Estimator(gamma=0.99, value_network=None),
         "TD1Estimator": TD1Estimator(gamma=0.99, value_network=None),
         "TDLambdaEstimator": TDLambdaEstimator(gamma=0.99, lmbda=0.95, value_network=None),
     }
