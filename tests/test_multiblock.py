@@ -132,6 +132,8 @@ def test_multiblock_matches_reference(path, force_blocks, tile_form, shape, fn):
         pytest.skip("combination covered by the others (env-major tiles serve single-chunk rows in production)")
     if force_blocks[3] and tile_form == "env-major":
         pytest.skip("loop-free blocks: plain and group-major tiles keep CI short")
+    if fn in ("gae_targets", "returns_adv") and tile_form != "grouped":
+        pytest.skip("the second output's store is the same in every tile form: group-major keeps CI short")
     forward = fn in ("traces", "prefix", "prefix_starts")
     if (forward and tile_form != "plain") or (fn == "retrace" and tile_form == "env-major"):
         pytest.skip("the same kernel as the plain form (forward kernels have one tile form; Retrace two)")
