@@ -44,9 +44,9 @@ class Prepared:
     # A (num_envs, seq_len) contiguous tensor of the output dtype and device (the first per-step
     # input), which new_output allocates like; None: allocate from the fields above.
     like: torch.Tensor | None = None
-    # The per-step tensors (and so the outputs) are in the caller's shape, whose (num_envs, seq_len)
-    # view prepare's ``rows`` gave, not in that view: only the kernels read them as they are
-    # (:meth:`as_rows` gives the view).
+    # The per-step tensors (and so the outputs) keep the caller's shape instead of their
+    # (num_envs, seq_len) view (prepare's ``rows``): the kernels read them as they are, everything
+    # else takes the view (:meth:`as_rows`).
     shaped: bool = False
 
     @property

@@ -93,8 +93,8 @@ def _on_rows(fn, floats, flags, dim: int, n_out: int, **kwargs):
 
 
 def _in_shape_of(like: torch.Tensor, outs: tuple) -> tuple:
-    """``outs`` of a ``rows=`` call (:func:`rl_triton._validation.prepare`) in ``like``'s shape: they
-    come in it already but from calls that cannot be cached (non-contiguous inputs)."""
+    """``outs`` of a ``rows=`` call (:func:`rl_triton._validation.prepare`) in ``like``'s shape. Calls
+    that can be cached return them in it already; the others (non-contiguous inputs) as ``(N, T)``."""
     shape = like.shape
     return tuple(o if o.shape == shape else o.reshape(shape) for o in outs)
 
