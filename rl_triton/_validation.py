@@ -163,6 +163,20 @@ def _first_given(steps: dict) -> str | None:
     return next((name for name, t in steps.items() if t is not None), None)
 
 
+def _viewed(items: list, views: tuple) -> dict:
+    """The (name, tensor) pairs of a cache key's pass as the kernels read them: each tensor with its
+    :func:`_views` bitmask applied (the cache hit path's form of :func:`_kernel_view`)."""
+    tensors = {}
+    for (name, t), view in zip(items, views, strict=True):
+        if view:
+            if view & _UNSQUEEZE:
+                t = t.unsqueeze(0)
+            if view & _AS_BYTES:
+                t = t.view(torch.uint8)
+        tensors[name] = t
+    return tensors
+
+
 def _views(items: list, squeeze: bool) -> tuple:
     """Per (name, tensor) pair of a cache key's pass, the :func:`_kernel_view` bitmask (0 for None)."""
     return tuple(
@@ -221,14 +235,7 @@ def prepare(
             meta = _CACHE.get(key)
             if meta is not None:
                 num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, views, like, shaped, plans = meta
-                tensors = {}
-                for (name, t), view in zip(items, views, strict=True):
-                    if view:
-                        if view & _UNSQUEEZE:
-                            t = t.unsqueeze(0)
-                        if view & _AS_BYTES:
-                            t = t.view(torch.uint8)
-                    tensors[name] = t
+                tensors = _viewed(items, views)
                 return Prepared(
                     fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans, device_type,
                     None if like is None else tensors[like], shaped,
@@ -249,9 +256,7 @@ def prepare(
         like = _first_given(steps)
         if rows is not None and any(t is not None and t.shape != rows for _, t in items):
             # keep the callers' shape, as a cache hit will (every tensor is contiguous here)
-            for (name, t), view in zip(items, views, strict=True):
-                if t is not None:
-                    out.tensors[name] = t.view(torch.uint8) if view & _AS_BYTES else t
+            out.tensors.update(_viewed(items, views))
             out.like = None if like is None else out.tensors[like]
             out.shaped = True
         _CACHE[key] = (

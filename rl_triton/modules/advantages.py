@@ -309,8 +309,8 @@ class _RLTritonEstimator(CachedScalars):
 
         def targets():
             value_target = value_target_fn(value, next_value, reward, done, terminated, rows)
-            if type(value_target) is tuple:
-                return value_target
+            if type(value_target) is tuple:  # a rows= call of returns_with_advantages
+                return _in_shape_of(value, value_target)
             return value_target, value_target - value
 
         value_target, advantage = self._in_grad_mode(self._grad_mode_differs(value, next_value, reward), targets)
@@ -412,7 +412,8 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
 
     def _td0_rows(self, reward, next_value, terminated, gamma, value=None):
         """The TD(0) target of same-shape ``reward``, ``next_value`` and ``terminated``; with
-        ``value`` (of their shape and float dtype), ``(target, target - value)`` from one launch."""
+        ``value`` (of their shape and float dtype), ``(target, target - value)`` from one ``rows=``
+        launch (shaped by :meth:`_fast_td`)."""
         # elementwise: any (N, L) split of the flat data gives the same numbers; short rows keep
         # every kernel program busy (one long row would be a sequential walk over all elements)
         dtype = common_float_dtype(reward, next_value)
@@ -422,11 +423,10 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         every_step = self._all_steps(torch.Size(rows), reward.device)
         if value is not None and value.dtype == reward.dtype == next_value.dtype and value.shape == reward.shape:
             # the tensors as they are (rows=, no view op), the advantage from the same launch
-            outs = F.returns_with_advantages(
+            return F.returns_with_advantages(
                 reward, value, terminated, every_step, gamma=gamma, lambda_=0.0, next_values=next_value,
                 bootstrap_values=next_value, rows=rows,
             )  # fmt: skip
-            return _in_shape_of(reward, outs)
         nv = as_float(next_value, dtype).reshape(rows)
         r = as_float(reward, dtype).reshape(rows)
         out = F.compute_lambda_returns(
@@ -490,11 +490,8 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
         gamma_ok = in_unit(gamma)
 
         def target(value, next_value, reward, done, terminated, rows):
-            return _in_shape_of(
-                value,
-                F.returns_with_advantages(  # compute_discounted_returns, and its difference with value
-                    reward, value, terminated, done, gamma=gamma, lambda_=1.0, bootstrap_values=next_value, rows=rows
-                ),
+            return F.returns_with_advantages(  # compute_discounted_returns, and its difference with value
+                reward, value, terminated, done, gamma=gamma, lambda_=1.0, bootstrap_values=next_value, rows=rows
             )
 
         return self._fast_td(tensordict, target, gamma_ok)
@@ -571,12 +568,9 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
         gamma_ok = in_unit(gamma, lmbda)
 
         def target(value, next_value, reward, done, terminated, rows):
-            return _in_shape_of(
-                value,
-                F.returns_with_advantages(  # compute_lambda_returns, and its difference with value
-                    reward, value, terminated, done, gamma=gamma, lambda_=lmbda, next_values=next_value,
-                    bootstrap_values=next_value, rows=rows,
-                ),
+            return F.returns_with_advantages(  # compute_lambda_returns, and its difference with value
+                reward, value, terminated, done, gamma=gamma, lambda_=lmbda, next_values=next_value,
+                bootstrap_values=next_value, rows=rows,
             )  # fmt: skip
 
         return self._fast_td(tensordict, target, gamma_ok)
