@@ -3,8 +3,8 @@
 Every public ``compute_*`` function funnels its tensors through :func:`prepare`, which checks
 ranks, shapes, devices and dtypes (raising ``ValueError``/``TypeError`` that name the argument),
 turns 1-D calls into one-env 2-D calls, and makes each tensor contiguous (warning when that copies
-and ``RL_TRITON_PERF_WARNINGS`` is set). Flags are kept in their stored dtype; ``bool`` flags are
-reinterpreted as ``uint8`` without a copy so the kernels can read them.
+and ``RL_TRITON_PERF_WARNINGS`` is set). Flags are kept in their stored dtype (the kernels read ``bool``
+flags as bytes).
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ class Prepared:
     def new_output(self) -> torch.Tensor:
         like = self.like
         if like is not None:
-            return torch.empty_like(like, memory_format=torch.contiguous_format)  # cheaper than dtype= device=
+            # like is contiguous (or a contiguous view in the callers' shape), so empty_like's default
+            # (its strides) is contiguous too, and cheaper than memory_format= or dtype= device=
+            return torch.empty_like(like)
         return torch.empty((self.num_envs, self.seq_len), dtype=self.dtype, device=self.device)
 
     def finish(self, out: torch.Tensor) -> torch.Tensor:
@@ -122,11 +124,9 @@ def _contiguous(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel_view(t: torch.Tensor, squeeze: bool) -> torch.Tensor:
-    """A contiguous tensor as the kernels read it: 2-D (a leading env dim for 1-D calls), ``bool``
-    reinterpreted as ``uint8`` (same bytes)."""
-    if squeeze:
-        t = t.unsqueeze(0)
-    return t.view(torch.uint8) if t.dtype == torch.bool else t
+    """A contiguous tensor as the kernels read it: 2-D (a leading env dim for 1-D calls). Flags keep
+    their dtype, ``bool`` included (Triton loads a ``bool`` pointer as bytes)."""
+    return t.unsqueeze(0) if squeeze else t
 
 
 def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | None:
@@ -143,14 +143,11 @@ def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | 
 # signature also records each tensor's 16-byte alignment, which the kernels are specialised on: the
 # entry keeps the call's launch plans (kernels/launch.py), so a hit skips the launch decisions too.
 #
-# An entry is (num_envs, seq_len, dtype, device, squeeze, num_actions, device type, views, like,
-# plans): ``views`` gives, per tensor in signature order, what :func:`_kernel_view` does to it (a
-# bitmask of _UNSQUEEZE and _AS_BYTES; both follow from the signature), so a hit applies the views
-# without re-deriving them; ``like`` names the input outputs are allocated like (Prepared.like).
+# An entry is (num_envs, seq_len, dtype, device, squeeze, num_actions, device type, like, shaped,
+# plans): ``like`` names the input outputs are allocated like (Prepared.like), ``shaped`` is
+# Prepared.shaped.
 _CACHE: dict = {}
 _CACHE_MAX = 512
-_UNSQUEEZE = 1
-_AS_BYTES = 2
 
 
 def clear_cache() -> None:
@@ -163,26 +160,12 @@ def _first_given(steps: dict) -> str | None:
     return next((name for name, t in steps.items() if t is not None), None)
 
 
-def _viewed(items: list, views: tuple) -> dict:
-    """The (name, tensor) pairs of a cache key's pass as the kernels read them: each tensor with its
-    :func:`_views` bitmask applied (the cache hit path's form of :func:`_kernel_view`)."""
-    tensors = {}
-    for (name, t), view in zip(items, views, strict=True):
-        if view:
-            if view & _UNSQUEEZE:
-                t = t.unsqueeze(0)
-            if view & _AS_BYTES:
-                t = t.view(torch.uint8)
-        tensors[name] = t
-    return tensors
-
-
-def _views(items: list, squeeze: bool) -> tuple:
-    """Per (name, tensor) pair of a cache key's pass, the :func:`_kernel_view` bitmask (0 for None)."""
-    return tuple(
-        0 if t is None else (_UNSQUEEZE if squeeze else 0) | (_AS_BYTES if t.dtype == torch.bool else 0)
-        for _name, t in items
-    )
+def _viewed(items: list, squeeze: bool) -> dict:
+    """The (name, tensor) pairs of a cache key's pass as the kernels read them (the cache hit path's
+    form of :func:`_kernel_view`)."""
+    if not squeeze:
+        return dict(items)
+    return {name: None if t is None else t.unsqueeze(0) for name, t in items}
 
 
 def prepare(
@@ -206,36 +189,28 @@ def prepare(
     key = None
     if actions is None or (isinstance(actions[1], torch.Tensor) and actions[1].device.type != "cpu"):
         # the signature and the (name, tensor) pairs in one pass (the cache hit path: kept lean)
-        key = [fn, required] if rows is None else [fn, required, rows]
-        items = []
-        for group in (steps, flags, per_env, per_action):
-            if not group:
-                continue
-            for item in group.items():
-                t = item[1]
-                if t is None:
-                    key.append(None)
-                elif type(t) is torch.Tensor and t.is_contiguous():
-                    key.append((t.shape, t.dtype, t.device, t.data_ptr() % 16 == 0))
-                else:
-                    key = None
-                    break
-                items.append(item)
-            if key is None:
-                break
-        if key is not None and actions is not None:
-            t = actions[1]
-            if type(t) is torch.Tensor and t.is_contiguous():
-                key.append((t.shape, t.dtype, t.device, t.data_ptr() % 16 == 0))
-                items.append(actions)
+        items = [*steps.items(), *flags.items()]
+        if per_env:
+            items += per_env.items()
+        if per_action:
+            items += per_action.items()
+        if actions is not None:
+            items.append(actions)
+        key = [fn, required, rows]
+        for _name, t in items:
+            if t is None:
+                key.append(None)
+            elif type(t) is torch.Tensor and t.is_contiguous():
+                key.append((t.shape, t.dtype, t.device, not t.data_ptr() & 15))
             else:
                 key = None
+                break
         if key is not None:
             key = tuple(key)
             meta = _CACHE.get(key)
             if meta is not None:
-                num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, views, like, shaped, plans = meta
-                tensors = _viewed(items, views)
+                num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, like, shaped, plans = meta
+                tensors = _viewed(items, squeeze)
                 return Prepared(
                     fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans, device_type,
                     None if like is None else tensors[like], shaped,
@@ -252,16 +227,15 @@ def prepare(
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
         out.plans = {}
-        views = _views(items, out.squeeze)
         like = _first_given(steps)
         if rows is not None and any(t is not None and t.shape != rows for _, t in items):
             # keep the callers' shape, as a cache hit will (every tensor is contiguous here)
-            out.tensors.update(_viewed(items, views))
+            out.tensors.update(_viewed(items, out.squeeze))
             out.like = None if like is None else out.tensors[like]
             out.shaped = True
         _CACHE[key] = (
-            out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.device_type, views,
-            like, out.shaped, out.plans,
+            out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.device_type, like,
+            out.shaped, out.plans,
         )  # fmt: skip
     return out
 
