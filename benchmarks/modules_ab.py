@@ -1,7 +1,9 @@
 """The estimator modules of several source trees compared on CUDA in one run: for each tree and each
 round, a fresh process times ``GAE``, ``TD0Estimator``, ``TD1Estimator`` and ``TDLambdaEstimator``
-(no value network) on ``[N, T, 1]`` TensorDicts, as full calls (``modules_vs_torchrl.full_call_us``:
-CUDA events around one forward, median of 300) and as host time per call in a loop of 2000. Rounds
+(no value network) on ``[N, T, 1]`` TensorDicts, and the public functions ``compute_gae``,
+``compute_vtrace``, ``compute_lambda_returns`` and ``compute_discounted_returns`` on ``(N, T)``
+tensors (float32, bool flags), as full calls (CUDA events around one call, median of 300) and as
+host time per call in a loop of 2000. Rounds
 alternate the trees, because the host time of a call drifts between processes by up to ~1.7x on the
 H200's host; compare the fastest rounds.
 
@@ -46,6 +48,35 @@ for n, t in json.loads(sys.argv[2]):
         host = (time.perf_counter() - t0) / len(batch) * 1e6
         torch.cuda.synchronize()
         result[f"{name} {n}x{t}"] = {"full_call_us": full, "host_us": host}
+    import rl_triton as R
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r, v, nv, lp = (torch.randn(n, t, device="cuda", generator=g) for _ in range(4))
+    term = torch.rand(n, t, device="cuda", generator=g) < 0.01
+    calls = {
+        "compute_gae": lambda: R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95),
+        "compute_vtrace": lambda: R.compute_vtrace(lp, lp, v, r, term, gamma=0.99),
+        "compute_lambda_returns": lambda: R.compute_lambda_returns(r, nv, term, gamma=0.99, lambda_=0.95),
+        "compute_discounted_returns": lambda: R.compute_discounted_returns(r, term, gamma=0.99),
+    }
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for name, call in calls.items():
+        for _ in range(5):
+            call()
+        times = []
+        for _ in range(300):
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        times.sort()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            call()
+        host = (time.perf_counter() - t0) / 2000 * 1e6
+        torch.cuda.synchronize()
+        result[f"{name} {n}x{t}"] = {"full_call_us": times[len(times) // 2], "host_us": host}
 print(json.dumps(result))
 """
 
