@@ -78,3 +78,36 @@ def test_the_entry_keeps_launch_plans_dropped_when_a_launch_knob_changes(path):
     launch._BLOCK = launch._BLOCK  # any setattr, even of the same value
     assert not _validation._CACHE
     torch.testing.assert_close(_gae(r, v, term), first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("one_d", [False, True], ids=["2d", "1d"])
+def test_a_hit_hands_the_kernels_the_tensors_a_miss_does(one_d):
+    """Same views (1-D calls get a leading env dim, per-env scalars too), same dtypes (bool flags
+    stay bool), same storage, whether the signature was cached or not."""
+    shape = (7,) if one_d else (3, 7)
+    r, v = torch.randn(shape), torch.randn(shape)
+    term, trunc = torch.rand(shape) < 0.2, (torch.rand(shape) < 0.2).to(torch.uint8)
+
+    def prepare():
+        return _validation.prepare(
+            "compute_gae",
+            steps={"rewards": r, "values": v, "bootstrap_values": None},
+            flags={"terminateds": term, "truncateds": trunc},
+            per_env={"last_value": torch.randn(shape[:-1])},
+            required=("rewards", "values", "terminateds"),
+        )
+
+    miss, hit = prepare(), prepare()
+    assert len(_validation._CACHE) == 1
+    assert miss.tensors.keys() == hit.tensors.keys()
+    for name, a in miss.tensors.items():
+        b = hit.tensors[name]
+        if a is None:
+            assert b is None, name
+            continue
+        assert (a.shape, a.dtype, a.stride()) == (b.shape, b.dtype, b.stride()), name
+        assert a.dim() == (1 if name == "last_value" else 2), name
+    assert hit.tensors["terminateds"].dtype == torch.bool
+    for name in ("rewards", "values", "terminateds", "truncateds"):
+        assert hit.tensors[name].data_ptr() == miss.tensors[name].data_ptr()
+    assert hit.like is hit.tensors["rewards"] and hit.new_output().shape == hit.tensors["rewards"].shape
