@@ -33,6 +33,24 @@ def per_call_us(fn, n: int = 2000) -> float:
     return sorted(times)[2]
 
 
+def raw_gae(r: torch.Tensor, v: torch.Tensor, term: torch.Tensor, out: torch.Tensor):
+    """A zero-argument call of ``gae_kernel`` through Triton's own dispatcher (``kernel[grid](...)``),
+    single pass, with the arguments and constexprs the launcher passes (advantages into ``out``)."""
+    n, t = r.shape
+    tiles = launch._tiles(n, t)
+    chunks = launch._cdiv(t, tiles.bt)
+
+    def call():
+        fused.gae_kernel[(launch._cdiv(n, tiles.bn), 1)](
+            r, v, term, r, r, r, out, out, n, t, *launch.hp(0.99), *launch.hp(0.95), r, r, r, 1, chunks,
+            HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, TARGET=False, PHASE=0, ONE=chunks == 1,
+            ACC=launch._acc(r.dtype), BN=tiles.bn, BT=tiles.bt, NKP=1, GROUPED=launch._group(tiles, r.dtype),
+            num_warps=tiles.warps,
+        )  # fmt: skip
+
+    return call
+
+
 def main() -> None:
     n, t = 64, 512
     r = torch.randn(n, t, device="cuda")
@@ -51,16 +69,7 @@ def main() -> None:
 
     p = prep()
 
-    tiles = launch._tiles(n, t)
-
-    def raw_launch():
-        fused.gae_kernel[(launch._cdiv(n, tiles.bn), 1)](
-            r, v, term, r, r, r, out, out, n, t, *launch.hp(0.99), *launch.hp(0.95), r, r, r, 1,
-            launch._cdiv(t, tiles.bt), HAS_TRUNC=False, HAS_BOOT=False, HAS_LAST=False, NEXT_ALL=False, TARGET=False,
-            PHASE=0, ONE=launch._cdiv(t, tiles.bt) == 1, ACC=launch._acc(torch.float32),
-            BN=tiles.bn, BT=tiles.bt, NKP=1, GROUPED=launch._group(tiles, torch.float32),
-            num_warps=tiles.warps,
-        )  # fmt: skip
+    raw_launch = raw_gae(r, v, term, out)
 
     R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95)  # builds the plan and keeps the compiled kernel
     plan = p.plans[("gae", False, False)]

@@ -1,13 +1,14 @@
 """CPU checks of the kernel-tuning scripts' host-side logic (their measurements need a GPU):
 the issue-target verdicts and table of benchmarks.targets, the policy override of
 benchmarks.tile_sweep, the probe kernel of benchmarks.scan_variants under the interpreter, and the
-two-launch stand-ins of benchmarks.fused_outputs."""
+two-launch stand-ins of benchmarks.fused_outputs, and the raw kernel launch that
+benchmarks.host_overhead times."""
 
 import pytest
 import torch
 
 import rl_triton as R
-from benchmarks import fused_outputs, scan_variants, targets, tile_sweep
+from benchmarks import fused_outputs, host_overhead, scan_variants, targets, tile_sweep
 from rl_triton.kernels import launch
 
 
@@ -127,3 +128,19 @@ def test_fused_outputs_pairs_and_stand_ins_agree(path):
     ]:
         for x, y in zip(a, b, strict=True):
             torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.skipif(
+    not R.INTERPRET and not torch.cuda.is_available(), reason="the kernel runs on CUDA or in the interpreter"
+)
+@pytest.mark.parametrize("shape", [(3, 40), (64, 512)])
+def test_host_overhead_raw_launch_computes_gae(shape):
+    """The ``kernel[grid](...)`` call that benchmarks.host_overhead times passes every argument and
+    constexpr gae_kernel takes, and computes what compute_gae does."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(5)
+    r, v = (torch.randn(*shape, generator=g).to(device) for _ in range(2))
+    term = (torch.rand(*shape, generator=g) < 0.1).to(device)
+    out = torch.full_like(r, float("nan"))
+    host_overhead.raw_gae(r, v, term, out)()
+    torch.testing.assert_close(out, R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95), atol=1e-5, rtol=1e-5)
