@@ -51,6 +51,56 @@ _GROUPED_FORMS = {
 }
 
 
+# Retrace's env-major kernel variants (launch.RetraceForm fields: launch._RETRACE_EXACT_T, ...), which
+# _variants reports where the launcher would pass them (rows' "variants").
+_RETRACE_VARIANTS = ("exact_t", "shift", "pi_tile")
+
+
+def _retrace_env(flags: str, block: int | None = None, warps: int | None = None) -> dict:
+    """A configuration of Retrace's env-major knobs: letters E (launch._RETRACE_EXACT_T), S (SHIFT),
+    P (PI_TILE), at ``block`` steps per program and ``warps`` (None: the launcher's)."""
+    letters = {"E": "_RETRACE_EXACT_T", "S": "_RETRACE_SHIFT", "P": "_RETRACE_PI_TILE"}
+    knobs = {knob: letter in flags for letter, knob in letters.items()}
+    return knobs | {"_RETRACE_ENV_MAJOR_BLOCK": block, "_RETRACE_ENV_MAJOR_WARPS": warps}
+
+
+# Named lists of configurations for --configs. retrace_env: Retrace's env-major variants, the first
+# being the form before them (tile_sweep_retrace_short_h200.json, which also has row-segment action
+# tiles, a variant since removed); retrace_confirm: that form, the default, two partial variants and
+# the default again (under a knob that changes nothing but the configuration's key: a second timing).
+CONFIG_PRESETS = {
+    "retrace_env": [
+        _retrace_env(flags, block, warps)
+        for flags, block, warps in [
+            ("", None, None),
+            ("", 1024, 4),
+            ("E", 1024, 8),
+            ("EP", 1024, 8),
+            ("ES", 1024, 8),
+            ("ESP", 1024, 8),
+            ("E", 1024, 4),
+            ("EP", 1024, 4),
+            ("ES", 1024, 4),
+            ("ESP", 1024, 4),
+            ("E", 2048, 8),
+            ("ES", 2048, 8),
+            ("ESP", 2048, 8),
+            ("ESP", 2048, 4),
+            ("ESP", 4096, 8),
+            ("ESP", 512, 2),
+            ("E", 512, 4),
+            ("ESP", 512, 4),
+        ]
+    ],  # fmt: skip
+    "retrace_confirm": [
+        _retrace_env(""),
+        {},
+        _retrace_env("EP"),
+        _retrace_env("ES"),
+        {"_RETRACE_PIECES_MIN_AP": launch._RETRACE_PIECES_MIN_AP},
+    ],  # fmt: skip
+}
+
 # Knobs whose values join _effective's layout in the key that tells configurations apart (those that
 # change the compiled kernel without changing the layout it reports).
 _KERNEL_KNOBS = (
@@ -93,7 +143,8 @@ _SCAN_KIND = {
 def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
     """What the launcher would run for ``fn`` at (n, t) on ``dtype`` inputs under the current policy."""
     if fn == "compute_retrace":
-        layout, grouped, _pieces = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
+        form = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
+        layout, grouped = form.layout, form.group
     else:
         layout = launch.scan_layout(_SCAN_KIND[fn], n, t, dtype)
         forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
@@ -108,6 +159,14 @@ def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
         layout.window,
         layout.maxnreg if lookback else None,
     )
+
+
+def _variants(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
+    """Retrace's env-major kernel variants that the launcher would pass at (n, t) (else empty)."""
+    if fn != "compute_retrace":
+        return ()
+    form = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
+    return tuple(name for name in _RETRACE_VARIANTS if getattr(form, name, False))
 
 
 def _grid(grid: dict) -> list[dict]:
@@ -145,7 +204,8 @@ def sweep_shape(
     rows, seen = [], {}
     for knobs in configs:
         with policy(**knobs):
-            eff = (*_effective(spec.name, n, t, dtype), *(knobs.get(k) for k in _KERNEL_KNOBS))
+            variants = _variants(spec.name, n, t, dtype)
+            eff = (*_effective(spec.name, n, t, dtype), *(knobs.get(k) for k in _KERNEL_KNOBS), variants)
             if eff in seen:  # same tiles and split as a configuration already timed
                 rows.append({**seen[eff], "knobs": knobs, "duplicate": True})
                 continue
@@ -163,6 +223,8 @@ def sweep_shape(
             row["num_actions"] = specs.NUM_ACTIONS
         row |= {"bn": eff[0], "bt": eff[1], "warps": eff[2], "nk": eff[3], "cpb": eff[4], "grouped": eff[5]}
         row |= {"lookback": eff[6], "window": eff[7], "maxnreg": eff[8]}
+        if variants:
+            row["variants"] = list(variants)
         row |= {"knobs": knobs}
         seen[eff] = row
         rows.append(row)
@@ -194,9 +256,15 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="NxT list for every function, e.g. 4096x2048,1048576x8")
     ap.add_argument("--grouped", action="store_true", help="also sweep the tile form of the reverse recurrences")
     ap.add_argument("--grid", default=None, help="JSON overriding tile-grid knobs, e.g. '{\"_MAX_BT\": [1024]}'")
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="JSON list of knob dicts, each one configuration, or a name in CONFIG_PRESETS; replaces --grid's product",
+    )
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
     ap.add_argument("--actions", type=int, default=None, help="number of actions of Retrace's inputs (default 4)")
     ap.add_argument("--check", action="store_true", help="compare each variant's outputs with the default policy's")
+    ap.add_argument("--verbose", action="store_true", help="print every configuration's time")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.actions:
@@ -226,8 +294,21 @@ def main() -> None:
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         jobs = [(fn, s, split_cfgs if s[0] < 256 else tile_cfgs) for fn in fns for s in shapes]
+    if args.configs:
+        configs = CONFIG_PRESETS[args.configs] if args.configs in CONFIG_PRESETS else json.loads(args.configs)
+        jobs = [(fn, s, configs) for fn, s, _cfgs in jobs]
     rows = []
     t0 = time.time()
+
+    def write(report=None) -> None:
+        if args.out:
+            meta = {
+                "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+                "python": platform.python_version(), "seconds": time.time() - t0,
+            }  # fmt: skip
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows, "compiled": report or compiled_report()}, f, indent=1)
+
     for fn, (n, t), cfgs in tqdm(jobs, desc="sweep", unit="shape"):
         if fn == "retrace18":
             specs.NUM_ACTIONS = 18
@@ -249,18 +330,19 @@ def main() -> None:
             if args.check:
                 worst = max(r["rel_diff_vs_default"] for r in ok)
                 tqdm.write(f"  largest difference from the default policy: {worst:.1e}")
-    meta = {
-        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "seconds": time.time() - t0,
-    }  # fmt: skip
+        for r in got if args.verbose else ():
+            tqdm.write(
+                f"  {r.get('kernel_us', float('nan')):8.1f} us {r.get('fraction_of_copy', float('nan')):.3f} "
+                f"diff {r.get('rel_diff_vs_default', float('nan')):.1e} BN={r['bn']} W={r['warps']} "
+                f"{'+'.join(r.get('variants', [])) or '-'}{' (dup)' if r.get('duplicate') else ''} {r['status'][:60]}"
+            )
+        write()  # after every shape: a sweep cut short keeps what it measured
     report = compiled_report()
     spills = [r for r in report if r["n_spills"]]
     print(f"{len(report)} compiled variants, {len(spills)} with spills")
     for r in spills:
         print("SPILLS", r)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows, "compiled": report}, f, indent=1)
+    write(report)
 
 
 if __name__ == "__main__":

@@ -207,3 +207,81 @@ def test_sweep_forms(path, monkeypatch, form, shape, num_actions):
         assert launch.retrace_layout(*shape, num_actions, torch.float32).group == -4
     args, kwargs = make_case(shape, num_actions=num_actions, device=path.device)
     check(FN, *args, **kwargs, **F32_TOL)
+
+
+# Env-major kernel variants of short rows (launch.retrace_layout; kernels/fused.py's retrace_kernel):
+# the row length as a constexpr (E: EXACT_T, rows of T == BT), c_{t+1} and q_{t+1} shifted in
+# registers (S: SHIFT), pi(a_t | s_t) from the weights tile (P: PI_TILE), the last two on rows of
+# T == BT only; programs of (steps, warps) that give each thread half a row (1024, 8: the default), a
+# whole row (1024, 4; 512, 2) or two rows (2048, 4).
+_ENV_KNOBS = {"E": "_RETRACE_EXACT_T", "S": "_RETRACE_SHIFT", "P": "_RETRACE_PI_TILE"}
+_ENV_VARIANTS = [
+    ("", 1024, 8), ("E", 1024, 8), ("ES", 1024, 8), ("EP", 1024, 8), ("ESP", 1024, 8), ("ESP", 1024, 4),
+    ("ES", 512, 2), ("EP", 2048, 4),
+]  # fmt: skip
+_ENV_CASES = [
+    pytest.param((300, 8), 4, False, id="N300-T8-A4"),
+    pytest.param((70, 5), 3, False, id="N70-T5-A3"),
+    pytest.param((9, 4), 4, False, id="N9-T4-A4"),
+    pytest.param((3, 8), 2, True, id="N3-T8-A2-next"),
+    pytest.param((5, 8), 1, False, id="N5-T8-A1"),
+    pytest.param((6,), 8, False, id="T6-A8-1d"),
+]
+
+
+def _env_variant(monkeypatch, variant):
+    from rl_triton.kernels import launch
+
+    flags, block, warps = variant
+    for letter, knob in _ENV_KNOBS.items():
+        monkeypatch.setattr(launch, knob, letter in flags)
+    monkeypatch.setattr(launch, "_RETRACE_ENV_MAJOR_BLOCK", block)
+    monkeypatch.setattr(launch, "_RETRACE_ENV_MAJOR_WARPS", warps)
+    return launch
+
+
+@pytest.mark.parametrize("variant", _ENV_VARIANTS, ids=lambda v: f"{v[0] or 'plain'}-{v[1]}-w{v[2]}")
+@pytest.mark.parametrize("shape, num_actions, next_probs", _ENV_CASES)
+def test_env_major_variants(path, monkeypatch, variant, shape, num_actions, next_probs):
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    launch = _env_variant(monkeypatch, variant)
+    form = launch.retrace_layout(1 if len(shape) == 1 else shape[0], shape[-1], num_actions, torch.float32)
+    assert form.group == -4
+    exact = "E" in variant[0] and shape[-1] in (4, 8)
+    assert (form.exact_t, form.shift, form.pi_tile) == (exact, exact and "S" in variant[0], exact and "P" in variant[0])
+    args, kwargs = make_case(shape, num_actions=num_actions, device=path.device, next_probs=next_probs)
+    check(FN, *args, **kwargs, **F32_TOL)
+
+
+@pytest.mark.parametrize("variant", [("", 1024, 8), ("ESP", 1024, 4)], ids=["plain", "ESP"])
+def test_env_major_variants_bfloat16(path, monkeypatch, variant):
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    _env_variant(monkeypatch, variant)
+    dtype, atol, rtol = next(p.values for p in FLOAT_DTYPES if p.values[0] == torch.bfloat16)
+    args, kwargs = make_case((40, 8), device=path.device, dtype=dtype, flag_dtype=dtype)
+    check(FN, *args, **kwargs, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("variant", [("ESP", 1024, 8), ("ESP", 1024, 4)], ids=["ESP", "ESP-w4"])
+@pytest.mark.parametrize("shape", [(64, 8), (64, 4)], ids=["N64-T8", "N64-T4"])
+def test_env_major_variants_out_of_range_actions(path, monkeypatch, variant, shape):
+    """On CUDA actions are not range-checked: with an action outside [0, A), the variants give what the
+    plain env-major form gives (NaN where that has NaN), and the other envs' outputs are unaffected."""
+    if path.name != "cuda":
+        pytest.skip("CPU actions are range-checked (tests/test_errors.py)")
+    args, kwargs = make_case(shape, device=path.device)
+    _env_variant(monkeypatch, ("", 1024, 8))
+    good = rl_triton.compute_retrace(*args, **kwargs)
+    for bad in (-1, 4):
+        args[4] = args[4].clone()
+        args[4][1, 3] = bad
+        _env_variant(monkeypatch, ("", 1024, 8))
+        plain = rl_triton.compute_retrace(*args, **kwargs)
+        _env_variant(monkeypatch, variant)
+        got = rl_triton.compute_retrace(*args, **kwargs)
+        rest = torch.arange(shape[0], device=path.device) != 1
+        for g, p, ok in zip(got, plain, good, strict=True):
+            torch.testing.assert_close(g, p, atol=0, rtol=1e-6, equal_nan=True)
+            torch.testing.assert_close(g[rest], ok[rest], atol=0, rtol=1e-6)

@@ -63,6 +63,32 @@ _RETRACE_GROUPED_MAX_AP = 8  # grouped tiles up to this many (padded) actions, p
 # _ENV_MAJOR_MAX_BT steps (few actions). See retrace_tiles.
 _RETRACE_PIECES_MIN_AP = 16
 _RETRACE_ENV_MAJOR = True
+# Env-major rows (retrace_layout; kernel constexprs of fused.retrace_kernel): the row length as a
+# constexpr where T == BT (EXACT_T: rows of 4 or 8 steps, which Triton does not know 16-byte aligned,
+# T not being a multiple of 16, so every [N, T] load was one element per thread and every split of
+# the env-major groups went through shared memory: 33 bar.sync and 120-128 registers per thread in the
+# sm_90 code, against 1 and 46); on those rows, c_{t+1} and q_{t+1} shifted in registers instead of
+# loaded again at t + 1 (SHIFT), and pi(a_t | s_t) picked out of the weights tile instead of
+# gathered, where the weights are the target probabilities (PI_TILE). Measured on the H200
+# (tile_sweep_retrace_short_h200.json, kernel us at 1,048,576x8 / 32,768x8, 1024-step programs of 8
+# warps): 238.4 (0.53 of copy) / 14.9 with none of them, EXACT_T 169.7 / 13.6, with PI_TILE 155.0 / 12.5, with
+# SHIFT 141.2 / 12.0, all three 139.7 (0.90) / 12.0 (0.74); the previous commit's kernel 254.4 (0.49),
+# the three 138.6 (0.91) in tile_sweep_retrace_short_confirm_h200.json (1,048,576x4: 105.7 -> 71.9,
+# 0.63 -> 0.93). The sweeps' forms without the three placed the action tiles before the gather of
+# pi(a_t | s_t) (238.4 us there); without them the kernel is now the previous commit's. Other
+# programs for the three: 1024 steps of 4 warps (a whole row per thread, no bar.sync) 145.5 / 11.8,
+# 2048 of 8 143.8 / 11.9, 512 of 4 137.7 / 11.7, 512 of 2 146.1 / 12.1, 4096 of 8 151.1 / 13.9:
+# within ~3% of the default, which stays. Action tiles loaded as row segments (4 lanes per 64
+# contiguous bytes instead of one step's 16 bytes per lane) lost: 164.7 / 13.0 with the three (their
+# layout conversions went through shared memory: 25 bar.sync, 140 registers). On rows of T < BT
+# (1,048,576x5, 175.7 us without) SHIFT and PI_TILE lost: 192.4 with both, 223.4 and 182.1 alone, so
+# they serve exact rows only. _RETRACE_ENV_MAJOR_BLOCK / _WARPS: sweep overrides of the steps per
+# program (at _RETRACE_ACTIONS actions) and warps of env-major rows (None: _BLOCK, _WARPS_SHORT).
+_RETRACE_EXACT_T = True
+_RETRACE_SHIFT = True
+_RETRACE_PI_TILE = True
+_RETRACE_ENV_MAJOR_BLOCK: int | None = None
+_RETRACE_ENV_MAJOR_WARPS: int | None = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -604,21 +630,35 @@ class RetraceForm(NamedTuple):
     layout: Layout
     group: int  # the GROUPED constexpr (kernels/core.py)
     pieces: bool  # the PIECES constexpr (kernels/fused.py)
+    exact_t: bool = False  # the env-major constexprs of kernels/fused.py's retrace_kernel
+    shift: bool = False
+    pi_tile: bool = False  # where no next-step probabilities are given (the launcher checks)
 
 
 def retrace_layout(n: int, t: int, num_actions: int, dtype: torch.dtype) -> RetraceForm:
     """Retrace's layout and tile form. Env-major groups for short rows of few actions: 1,048,576x8,
-    0.49 of copy vs 0.45 plain; 32,768x8, 14.5 vs 14.9 us (tile_sweep_retrace_envmajor_h200.json)."""
+    0.49 of copy vs 0.45 plain; 32,768x8, 14.5 vs 14.9 us (tile_sweep_retrace_envmajor_h200.json);
+    with their kernel variants since (_RETRACE_EXACT_T ...), 0.90 of copy and 12.0 us."""
     tiles, grouped = retrace_tiles(n, t, num_actions)
     ap = _pow2(num_actions)
+    pieces = ap >= _RETRACE_PIECES_MIN_AP
     if grouped:
         group = _group_major(tiles, dtype)
     elif _RETRACE_ENV_MAJOR and ap <= _RETRACE_GROUPED_MAX_AP and tiles.bt <= _ENV_MAJOR_MAX_BT:
         group = -4
     else:
         group = 0
+    if group < 0:  # rows of one chunk (T <= BT <= _ENV_MAJOR_MAX_BT), which SHIFT needs
+        block = _BLOCK if _RETRACE_ENV_MAJOR_BLOCK is None else _RETRACE_ENV_MAJOR_BLOCK
+        warps = _WARPS_SHORT if _RETRACE_ENV_MAJOR_WARPS is None else _RETRACE_ENV_MAJOR_WARPS
+        tiles = _tiles(n, t, block=max(_RETRACE_MIN_BLOCK, block * _RETRACE_ACTIONS // ap))._replace(warps=warps)
+        assert t <= tiles.bt <= _ENV_MAJOR_MAX_BT
     layout = _layout(n, t, tiles, "retrace", _retrace_block_warps, dtype)
-    return RetraceForm(layout, group, ap >= _RETRACE_PIECES_MIN_AP)
+    if group >= 0:
+        return RetraceForm(layout, group, pieces)
+    exact = _RETRACE_EXACT_T and t == tiles.bt and layout.nk == 1  # SHIFT and PI_TILE: exact rows only
+    pi_tile = exact and _RETRACE_PI_TILE and not pieces
+    return RetraceForm(layout, group, pieces, exact, exact and _RETRACE_SHIFT, pi_tile)
 
 
 def _retrace_block_warps(bt: int) -> int:
@@ -633,12 +673,13 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
     qt, adv = p.new_output(), p.new_output()
 
     def build(cached: bool) -> _Plan:
-        layout, group, pieces = retrace_layout(p.num_envs, p.seq_len, p.num_actions, p.dtype)
+        form = retrace_layout(p.num_envs, p.seq_len, p.num_actions, p.dtype)
         constexprs = dict(
-            A=p.num_actions, AP=_pow2(p.num_actions), PIECES=pieces, HAS_TRUNC=t.get("truncateds") is not None,
-            ACC=_acc(p.dtype), GROUPED=group,
+            A=p.num_actions, AP=_pow2(p.num_actions), PIECES=form.pieces, HAS_TRUNC=t.get("truncateds") is not None,
+            ACC=_acc(p.dtype), GROUPED=form.group, EXACT_T=form.exact_t, SHIFT=form.shift,
+            PI_TILE=form.pi_tile and t.get("next_action_probs_target") is None,
         )  # fmt: skip
-        return _scan_plan(fused.retrace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
+        return _scan_plan(fused.retrace_kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
     _run(
         _cached_plan(p.plans, ("retrace",), build),
