@@ -54,6 +54,8 @@ _GROUPED_FORMS = {
 # Retrace's env-major kernel variants (launch.RetraceForm fields: launch._RETRACE_EXACT_T, ...), which
 # _variants reports where the launcher would pass them (rows' "variants").
 _RETRACE_VARIANTS = ("exact_t", "shift", "pi_tile")
+# Those of GAE, V-trace and the returns (launch.ScanForm fields: launch._EXACT_T).
+_SCAN_VARIANTS = ("exact_t",)
 
 
 def _retrace_env(flags: str, block: int | None = None, warps: int | None = None) -> dict:
@@ -99,6 +101,22 @@ CONFIG_PRESETS = {
         _retrace_env("ES"),
         {"_RETRACE_PIECES_MIN_AP": launch._RETRACE_PIECES_MIN_AP},
     ],  # fmt: skip
+    # GAE, V-trace and the returns on env-major rows (launch.scan_form): the form before EXACT_T, then
+    # EXACT_T in the default programs and in programs of (steps, warps) = (1024, 8: 4 steps per thread,
+    # the groups of a row on two warps), (1024, 4: a whole 8-step row per thread), (2048, 8), (512, 2),
+    # (2048, 4: two rows per thread); then the first two again (_RETRACE_PIECES_MIN_AP changes nothing
+    # for these kernels but the configuration's key: a second timing of each). tile_sweep_exact_t_h200
+    # .json ran this list with a variant since dropped (values_{t+1} shifted in registers: launch.py).
+    "exact_t": [
+        {"_EXACT_T": False},
+        {},
+        *(
+            {"_EXACT_T_BLOCK": block, "_EXACT_T_WARPS": warps}
+            for block, warps in [(None, 8), (None, 4), (2048, 8), (512, 2), (2048, 4)]
+        ),
+        {"_EXACT_T": False, "_RETRACE_PIECES_MIN_AP": launch._RETRACE_PIECES_MIN_AP},
+        {"_RETRACE_PIECES_MIN_AP": launch._RETRACE_PIECES_MIN_AP},
+    ],
 }
 
 # Knobs whose values join _effective's layout in the key that tells configurations apart (those that
@@ -145,10 +163,11 @@ def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
     if fn == "compute_retrace":
         form = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
         layout, grouped = form.layout, form.group
+    elif fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum"):
+        layout, grouped = launch.scan_layout(_SCAN_KIND[fn], n, t, dtype), 0
     else:
-        layout = launch.scan_layout(_SCAN_KIND[fn], n, t, dtype)
-        forward = fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum")
-        grouped = 0 if forward else launch._group(layout.tiles, dtype)
+        form = launch.scan_form(_SCAN_KIND[fn], n, t, dtype)
+        layout, grouped = form.layout, form.group
     lookback = layout.nk > 1 and layout.lookback
     return (
         *layout.tiles,
@@ -162,11 +181,15 @@ def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
 
 
 def _variants(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
-    """Retrace's env-major kernel variants that the launcher would pass at (n, t) (else empty)."""
-    if fn != "compute_retrace":
+    """The env-major kernel variants that the launcher would pass at (n, t): Retrace's, and EXACT_T of
+    GAE, V-trace and the returns (launch.scan_form; else empty)."""
+    if fn == "compute_retrace":
+        form = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
+        return tuple(name for name in _RETRACE_VARIANTS if getattr(form, name, False))
+    if fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum"):
         return ()
-    form = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
-    return tuple(name for name in _RETRACE_VARIANTS if getattr(form, name, False))
+    form = launch.scan_form(_SCAN_KIND[fn], n, t, dtype)
+    return tuple(name for name in _SCAN_VARIANTS if getattr(form, name))
 
 
 def _grid(grid: dict) -> list[dict]:

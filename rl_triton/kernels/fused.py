@@ -79,7 +79,14 @@ def gae_kernel(
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
+    # Env-major rows of one chunk, T == BT (GROUPED = -4; launch.scan_form): the row length as a constexpr,
+    # so that Triton knows every row 16-byte aligned (it specialises T on multiples of 16 only, which 4
+    # and 8 are not) and vectorises the loads; as retrace_kernel's.
+    EXACT_T: tl.constexpr = False,
 ):  # fmt: skip
+    if EXACT_T:
+        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
+        T = BT
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -155,7 +162,11 @@ def vtrace_kernel(
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
+    EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
 ):  # fmt: skip
+    if EXACT_T:
+        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
+        T = BT
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
@@ -384,8 +395,12 @@ def returns_kernel(
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
+    EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
+    if EXACT_T:
+        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
+        T = BT
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -400,10 +415,20 @@ def returns_kernel(
         )
         b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
         # X_t minus its recursive part: boot at truncations, (1-lam) nv + lam boot at the last step.
-        b_x = b_boot * (b_trunc + lmbda * (1 - b_trunc))
-        if HAS_NV:
+        if HAS_NV and EXACT_T:
+            # A sum of two products, of which the compiler contracts one into an FMA, and which one depends
+            # on the tile layout (sm_90 PTX, with truncateds and 8 warps: the form below the else contracts
+            # boot's product except where a thread holds one element, [BN, BT] = 64x4 and 32x8; left to the
+            # compiler, the EXACT_T form contracted nv's at 16x4, 16x8 and 64x8). Spelled out as an FMA of
+            # boot's product: the same bits as the other form at every number of envs but those two
+            # layouts' (33-64 envs at T = 4, 17-32 at T = 8), and a row's bits independent of the number.
             b_nv = tl.load(p_nv + off, mask=m, other=0).to(ACC)
-            b_x += (1 - b_trunc) * (1 - lmbda) * b_nv
+            b_x = tl.fma(b_boot, b_trunc + lmbda * (1 - b_trunc), (1 - b_trunc) * (1 - lmbda) * b_nv)
+        else:
+            b_x = b_boot * (b_trunc + lmbda * (1 - b_trunc))
+            if HAS_NV:
+                b_nv = tl.load(p_nv + off, mask=m, other=0).to(ACC)
+                b_x += (1 - b_trunc) * (1 - lmbda) * b_nv
         b_disc = gamma * (1 - b_term)
         b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
         b_b = tl.where(m, b_r + b_disc * b_x, 0.0)

@@ -151,6 +151,39 @@ def scan_tiles(kind: str, n: int, t: int, dtype: torch.dtype | None = None) -> T
 _GROUPED_MIN_BT = 16
 _ENV_MAJOR_MAX_BT = 8
 _GROUP_16BIT = 8
+# Env-major rows of exactly BT steps (4 or 8) in one pass (scan_form; the constexpr EXACT_T of fused.py's gae_kernel,
+# vtrace_kernel and returns_kernel), as Retrace's (_RETRACE_EXACT_T): the row length as a constexpr. Triton
+# specialises T on multiples of 16 only, so with T a runtime 8 it did not know rows 16-byte aligned: every [N, T] load
+# was one element per thread and the env-major groups were split and joined through shared memory (sm_90 code of rows
+# of 8 steps in 1024-step programs of 8 warps, the benchmarks' float32 calls: GAE 7 bar.sync, 18 scalar loads, 40
+# registers; V-trace 9, 26, 56; discounted returns 7, 8, 38; TD(lambda) 7, 12, 40; with EXACT_T 1 bar.sync, 16-byte
+# vector loads and 28, 40, 22, 28 registers; with 4 warps, a whole row per thread, no bar.sync at all). Measured on
+# the H200 (tile_sweep_exact_t_h200.json, rows of run 'explore'; kernel us without -> with EXACT_T, fraction of copy;
+# float32 at 1,048,576x8 / 32,768x8 / 1,048,576x4): GAE 41.4 (0.76) -> 34.7 (0.91) / 7.1 -> 6.7 / 34.9 (0.56) -> 20.6
+# (0.94); V-trace 65.5 (0.86) -> 57.3 (0.98; 63.6 with 8 warps) / 8.0 -> 7.6 / 34.5 (0.90) -> 32.3 (0.96); discounted
+# returns 33.7 (0.70) -> 25.8 (0.92) / 6.7 -> 6.1 / 17.8 (0.83) -> 14.9 (0.99); TD(lambda) 41.7 (0.74) -> 33.2 (0.93)
+# / 7.6 -> 6.3 / 22.8 (0.81) -> 19.3 (0.96). bfloat16 at 1,048,576x8, without -> 8 warps / 4 warps: GAE 42.0 -> 22.5 /
+# 22.0, V-trace 47.0 -> 34.1 / 33.2, discounted 31.4 -> 17.7 / 15.9, TD(lambda) 36.8 -> 21.7 / 20.8 (at 1,048,576x4,
+# where 8 warps give a row per thread already: 25.1 -> 14.0, 28.6 -> 20.3, 17.1 -> 10.7, 20.0 -> 13.2; 14.2, 21.1,
+# 10.7, 13.3 with 4). Hence rows of 8 steps take _EXACT_T_ROW_WARPS warps, a whole row per thread (of a 2-byte dtype:
+# one 16-byte load), in the kernels of _EXACT_T_ROW_KINDS and for 2-byte dtypes; GAE's and the returns' float32 rows
+# keep 8 warps (with 4: GAE 35.3 us, discounted 25.7, TD(lambda) 34.5). Other programs lost or tied (float32
+# 1,048,576x8, GAE / V-trace / discounted / TD(lambda): 2048 steps of 8 warps 35.7 / 57.6 / 25.7 / 34.5; 512 of 2 35.2
+# / 57.4 / 25.8 / 34.6; 2048 of 4 36.2 / 61.4 / 29.1 / 34.5). Measured and dropped: values_{t+1} of GAE and V-trace
+# shifted in registers (fused._env_next) instead of loaded again at t + 1, as Retrace's SHIFT: GAE 35.2 vs 34.7 us
+# with 8 warps, 35.7 vs 35.3 with 4; V-trace 63.3 vs 63.6 with 8, 58.7 vs 57.3 with 4; bfloat16 V-trace 39.4 vs 34.1
+# with 8 (with 8 warps a row's two groups sit on two warps, and the shift went through shared memory: 5 bar.sync
+# instead of 1); only 32,768x8 gained a few tenths of a us (V-trace 7.2 vs 7.6 with 4 warps). The final code (run
+# 'confirm'), without -> with EXACT_T at 1,048,576x8, float32 / bfloat16: GAE 41.6 -> 34.8 (0.91 of copy) / 42.2 ->
+# 22.1 (0.88), V-trace 65.4 -> 57.5 (0.98) / 47.2 -> 33.4 (0.94), discounted 33.8 -> 25.8 (0.92) / 31.8 -> 16.2
+# (0.96), TD(lambda) 41.9 -> 33.2 (0.93) / 36.9 -> 20.8 (0.93); the same bits in every row. _EXACT_T_BLOCK /
+# _EXACT_T_WARPS: sweep overrides of the steps per program and the warps of those rows (None: _tiles' steps, the warps
+# above).
+_EXACT_T = True
+_EXACT_T_ROW_WARPS = 4
+_EXACT_T_ROW_KINDS = ("vtrace",)
+_EXACT_T_BLOCK: int | None = None
+_EXACT_T_WARPS: int | None = None
 
 
 def _grouped(tiles: Tiles) -> bool:
@@ -529,6 +562,30 @@ def scan_layout(kind: str, n: int, t: int, dtype: torch.dtype | None = None) -> 
     return _layout(n, t, scan_tiles(kind, n, t, dtype), kind, warps_for, dtype)
 
 
+class ScanForm(NamedTuple):
+    layout: Layout
+    group: int  # the GROUPED constexpr (kernels/core.py)
+    exact_t: bool = False  # the EXACT_T constexpr of kernels/fused.py
+
+
+def scan_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
+    """Layout and tile form of fused scan kernel ``kind`` (GAE, V-trace, the returns), with EXACT_T for
+    single-pass env-major rows of T == BT steps (4 or 8; _EXACT_T)."""
+    layout = scan_layout(kind, n, t, dtype)
+    group = _group(layout.tiles, dtype)
+    if not (_EXACT_T and group == -4 and layout.nk == 1 and t == layout.tiles.bt <= _ENV_MAJOR_MAX_BT):
+        return ScanForm(layout, group)
+    warps = _EXACT_T_WARPS
+    if warps is None:
+        rows = t == _ENV_MAJOR_MAX_BT and (kind in _EXACT_T_ROW_KINDS or dtype.itemsize == 2)
+        warps = _EXACT_T_ROW_WARPS if rows else layout.tiles.warps
+    tiles = _tiles(n, t, block=_EXACT_T_BLOCK)._replace(warps=warps)
+    if tiles != layout.tiles:
+        layout = _layout(n, t, tiles, kind, None, dtype)
+        assert layout.nk == 1 and layout.tiles.bt == t
+    return ScanForm(layout, group, True)
+
+
 def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached: bool = False) -> _Plan:
     """The launches of a fused kernel: single pass, one-pass multi-block scan (PHASE 4/3, look-back) or
     two-pass multi-block scan (PHASE 1, then PHASE 2)."""
@@ -564,13 +621,13 @@ def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool, **ext
     bootstrap values, last value), the next-values form and the tile forms (``extra``: further
     constexprs)."""
     t = p.tensors
-    layout = scan_layout(kind, p.num_envs, p.seq_len, p.dtype)
+    form = scan_form(kind, p.num_envs, p.seq_len, p.dtype)
     constexprs = dict(
         HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, **extra, ACC=_acc(p.dtype),
-        GROUPED=_group(layout.tiles, p.dtype),
+        GROUPED=form.group, EXACT_T=form.exact_t,
     )  # fmt: skip
-    return _scan_plan(kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
+    return _scan_plan(kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
 
 def gae(p, gamma: float, lambda_: float, next_all: bool = False, target: bool = False):
@@ -700,13 +757,13 @@ def returns(p, gamma: float, lambda_: float, adv: bool = False):
 
     def build(cached: bool) -> _Plan:
         kind = "returns" if t.get("next_values") is None else "returns_nv"
-        layout = scan_layout(kind, p.num_envs, p.seq_len, p.dtype)
+        form = scan_form(kind, p.num_envs, p.seq_len, p.dtype)
         constexprs = dict(
             HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
-            HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype),
-            GROUPED=_group(layout.tiles, p.dtype),
+            HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype), GROUPED=form.group,
+            EXACT_T=form.exact_t,
         )  # fmt: skip
-        return _scan_plan(fused.returns_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
+        return _scan_plan(fused.returns_kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
     _run(
         _cached_plan(p.plans, ("returns", adv), build),

@@ -1,0 +1,168 @@
+"""GAE, V-trace and the returns on env-major rows of exactly 4 or 8 steps (launch.scan_form; kernels/
+fused.py): the row length as a constexpr (EXACT_T), in programs of several (steps, warps), against the
+float64 reference (or, for the private next-value forms, the PyTorch path) and bit for bit against the
+kernels without it (only the loads and the layout change, not the arithmetic). Rows of other lengths
+(1, 2, 5) keep the form without it."""
+
+import pytest
+import torch
+
+import rl_triton as R
+from rl_triton.functional import gae_with_next_values, returns_with_advantages, vtrace_with_next_values
+from tests import reference, test_discounted_returns, test_gae, test_lambda_returns, test_vtrace
+from tests._helpers import F32_TOL, FLOAT_DTYPES, check, randn, term_trunc, to_flags
+
+
+def _next_values_case(fn, kind):
+    """A case of a private next-value form: (function, args, kwargs, launcher kind)."""
+
+    def make(shape, *, device, dtype, flag_dtype):
+        r, v, nv, lpt, lpb = (randn(shape, dtype, device) for _ in range(5))
+        term, trunc = term_trunc(shape, 0.1, 0.1)
+        term, done = to_flags(term, flag_dtype, device), to_flags(term | trunc, flag_dtype, device)
+        if fn == "gae":
+            return gae_with_next_values, (r, v, nv, term, done), {"gamma": 0.97, "lambda_": 0.9, "targets": True}
+        if fn == "vtrace":
+            return vtrace_with_next_values, (lpt, lpb, v, nv, r, term, done), {"gamma": 0.97, "rho_bar": 1.2}
+        kwargs = {"gamma": 0.97, "lambda_": 0.8, "next_values": nv, "bootstrap_values": nv}
+        return returns_with_advantages, (r, v, term, done), kwargs
+
+    return make, kind
+
+
+def _public_case(module, variant, kind, **extra):
+    def make(shape, *, device, dtype, flag_dtype):
+        args, kwargs = module.make_case(shape, device=device, dtype=dtype, flag_dtype=flag_dtype, variant=variant)
+        return getattr(R, module.FN), args, kwargs | extra
+
+    return make, kind
+
+
+CASES = {
+    "gae-trunc": _public_case(test_gae, "trunc", "gae"),
+    "gae-last": _public_case(test_gae, "last_value", "gae"),
+    "gae-boot": _public_case(test_gae, "boot", "gae"),
+    "gae-plain": _public_case(test_gae, "plain", "gae"),
+    "gae-next": _next_values_case("gae", "gae"),
+    "vtrace-trunc": _public_case(test_vtrace, "trunc", "vtrace", rho_bar=1.2, c_bar=0.9),
+    "vtrace-last": _public_case(test_vtrace, "last_value", "vtrace"),
+    "vtrace-next": _next_values_case("vtrace", "vtrace"),
+    "discounted-trunc": _public_case(test_discounted_returns, "trunc", "returns"),
+    "discounted-plain": _public_case(test_discounted_returns, "plain", "returns"),
+    "lambda-trunc": _public_case(test_lambda_returns, "trunc", "returns_nv"),
+    "lambda-noboot": _public_case(test_lambda_returns, "trunc-noboot", "returns_nv"),
+    "lambda-boot": _public_case(test_lambda_returns, "boot", "returns_nv"),
+    "returns-adv": _next_values_case("returns", "returns_nv"),
+}
+
+# (letters, steps per program, warps): E (launch._EXACT_T); None: the launcher's. Programs that give each
+# thread half a row (1024, 8), a whole row (1024, 4; 512, 2) or two rows (2048, 4).
+VARIANTS = [("E", None, None), ("E", None, 8), ("E", None, 4), ("E", 512, 2), ("E", 2048, 4)]
+SHAPES = [(300, 8), (9, 4), (3, 8), (8,), (4,), (70, 5), (17, 2), (3, 1)]
+# TD(lambda) with truncateds and bootstrap values sums two products, of which the compiler fuses one into an
+# FMA, and which one depends on the layout; the form without EXACT_T fuses the other one where a thread holds
+# exactly one element (fused.returns_kernel): there the two forms differ in the last bit.
+_TWO_PRODUCTS = ("lambda-trunc", "returns-adv")
+
+
+def _use(monkeypatch, variant):
+    from rl_triton.kernels import launch
+
+    flags, block, warps = variant
+    monkeypatch.setattr(launch, "_EXACT_T", "E" in flags)
+    monkeypatch.setattr(launch, "_EXACT_T_BLOCK", block)
+    monkeypatch.setattr(launch, "_EXACT_T_WARPS", warps)
+    return launch
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _check_variant(path, monkeypatch, variant, case, shape, dtype=torch.float32, flag_dtype=torch.bool, tol=F32_TOL):
+    make, kind = CASES[case]
+    fn, args, kwargs = make(shape, device=path.device, dtype=dtype, flag_dtype=flag_dtype)
+    n, t = (1, shape[0]) if len(shape) == 1 else shape
+    launch = _use(monkeypatch, ("", None, None))
+    before = _as_tuple(fn(*args, **kwargs))
+    old = launch.scan_form(kind, n, t, dtype).layout.tiles
+    launch = _use(monkeypatch, variant)
+    form = launch.scan_form(kind, n, t, dtype)
+    assert form.group == -4
+    exact = "E" in variant[0] and t in (4, 8)
+    assert form.exact_t == exact
+    if exact:
+        whole_rows = t == 8 and (kind == "vtrace" or dtype.itemsize == 2)
+        assert form.layout.tiles.warps == variant[2] or (
+            variant[2] is None and form.layout.tiles.warps == (4 if whole_rows else 8)
+        )
+    if hasattr(reference, fn.__name__):
+        got = _as_tuple(check(fn.__name__, *args, **kwargs, **tol)[0])
+    else:  # a private next-value form: against the PyTorch path
+        got = _as_tuple(fn(*args, **kwargs))
+        with R.use_backend("torch"):
+            cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            want = _as_tuple(fn(*(a.cpu() for a in args), **cpu))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g.cpu().double(), w.double(), atol=tol["atol"], rtol=tol["rtol"])
+    one_each = old.bn * old.bt == 32 * old.warps
+    for g, b in zip(got, before, strict=True):  # the same arithmetic: the same bits
+        if exact and case in _TWO_PRODUCTS and one_each and path.name == "cuda":
+            last_bit = 1e-6 if dtype == torch.float32 else 1e-2
+            scale = b.abs().max().item()
+            torch.testing.assert_close(g, b, atol=last_bit * scale, rtol=last_bit)
+        else:
+            assert torch.equal(g, b)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1] or 'default'}-w{v[2] or 'default'}")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", list(CASES))
+def test_exact_rows(path, monkeypatch, variant, shape, case):
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    if shape[-1] not in (4, 8) and variant != ("E", None, None):
+        pytest.skip("rows of other lengths take one form whatever the knobs")
+    if variant[1] is not None and shape not in ((300, 8), (9, 4), (8,)):
+        pytest.skip("other programs: three shapes keep CI short")
+    _check_variant(path, monkeypatch, variant, case, shape)
+
+
+@pytest.mark.parametrize("flag_dtype", [torch.uint8, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(64, 8), (33, 4)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", ["gae-trunc", "vtrace-next", "discounted-trunc", "lambda-trunc", "returns-adv"])
+def test_exact_rows_flag_dtypes(path, monkeypatch, flag_dtype, shape, case):
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    _check_variant(path, monkeypatch, ("E", None, None), case, shape, flag_dtype=flag_dtype)
+
+
+_BF16_CASES = ["gae-trunc", "gae-next", "vtrace-trunc", "vtrace-next", "lambda-noboot", "returns-adv"]
+
+
+@pytest.mark.parametrize("variant", [("E", None, None), ("E", None, 8)], ids=["E", "E-w8"])
+@pytest.mark.parametrize("shape", [(40, 8), (40, 4)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", _BF16_CASES)
+def test_exact_rows_bfloat16(path, monkeypatch, variant, shape, case):
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    dtype, atol, rtol = next(p.values for p in FLOAT_DTYPES if p.values[0] == torch.bfloat16)
+    _check_variant(
+        path, monkeypatch, variant, case, shape, dtype=dtype, flag_dtype=dtype, tol={"atol": atol, "rtol": rtol}
+    )
+
+
+@pytest.mark.parametrize("t", [4, 8])
+def test_exact_rows_round_alike_at_any_number_of_envs(path, t):
+    """TD(lambda) with truncateds and bootstrap values on rows of exactly 4 or 8 steps: a row's returns do
+    not depend on how many envs the call has (programs of 32 or 64 envs hold one element per thread, of
+    300 envs four: layouts on which the compiler fused different products; fused.returns_kernel)."""
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    args, kwargs = test_lambda_returns.make_case((300, t), device=path.device)
+    whole = R.compute_lambda_returns(*args, **kwargs)
+    for n in (32, 64):
+        part = R.compute_lambda_returns(
+            *(a[:n] for a in args), **{**kwargs, "bootstrap_values": kwargs["bootstrap_values"][:n]}
+        )
+        assert torch.equal(part, whole[:n])
