@@ -129,6 +129,7 @@ _KERNEL_KNOBS = (
     "_RETRACE_PIECES_MIN_AP",
     "_TICKET",
     "_MAXNREG",
+    "_ROW_DIVISOR",
 )
 
 

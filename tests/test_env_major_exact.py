@@ -70,6 +70,8 @@ def _use(monkeypatch, variant):
 
     flags, block, warps = variant
     monkeypatch.setattr(launch, "_EXACT_T", "E" in flags)
+    # the form before EXACT_T also had no row divisor (launch._row_divisor: T = 4 and 8 would take one)
+    monkeypatch.setattr(launch, "_ROW_DIVISOR", "E" in flags)
     monkeypatch.setattr(launch, "_EXACT_T_BLOCK", block)
     monkeypatch.setattr(launch, "_EXACT_T_WARPS", warps)
     return launch

@@ -371,6 +371,18 @@ def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT: tl.
 
 
 @triton.jit
+def row_length(T, TDIV: tl.constexpr):
+    """``T``, in a form from which the compiler knows it a multiple of ``TDIV`` (the launcher passes
+    TDIV > 1 only where that holds: launch._row_divisor). Triton specialises an integer argument on
+    divisibility by 16 only; from a multiple of 4 (or 8) it can prove 4-step rows 16-byte aligned and
+    vectorise the loads and the masks against T. (T // TDIV) * TDIV is T, and its divisibility is
+    what the compiler's analysis derives from the multiplication."""
+    if TDIV > 1:
+        T = (T // TDIV) * TDIV
+    return T
+
+
+@triton.jit
 def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
     """The envs of this program: ids [BN], their mask, the offset of each row's first element (int64:
     N * T may exceed 2^31), and the program's time block. In PHASE 3 the (env block, time block) pair

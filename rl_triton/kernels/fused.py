@@ -83,10 +83,12 @@ def gae_kernel(
     # so that Triton knows every row 16-byte aligned (it specialises T on multiples of 16 only, which 4
     # and 8 are not) and vectorises the loads; as retrace_kernel's.
     EXACT_T: tl.constexpr = False,
+    TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; launch._row_divisor)
 ):  # fmt: skip
     if EXACT_T:
         tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
         T = BT
+    T = core.row_length(T, TDIV)
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -163,10 +165,12 @@ def vtrace_kernel(
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
+    TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
 ):  # fmt: skip
     if EXACT_T:
         tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
         T = BT
+    T = core.row_length(T, TDIV)
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
@@ -338,11 +342,13 @@ def retrace_kernel(
     EXACT_T: tl.constexpr = False,
     SHIFT: tl.constexpr = False,
     PI_TILE: tl.constexpr = False,  # only where p_w is p_pt
+    TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
 ):  # fmt: skip
     if EXACT_T:
         tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
         T = BT
     tl.static_assert(GROUPED == -4 or not SHIFT, "SHIFT: env-major rows of one chunk")
+    T = core.row_length(T, TDIV)
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -396,11 +402,13 @@ def returns_kernel(
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
+    TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     if EXACT_T:
         tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
         T = BT
+    T = core.row_length(T, TDIV)
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -461,8 +469,10 @@ def forward_trace_kernel(
     HAS_SEED: tl.constexpr, PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr,
     BT: tl.constexpr,
     NKP: tl.constexpr,
+    TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
+    T = core.row_length(T, TDIV)
     o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
     scale = hp_scalar(scale_hi, scale_lo, ACC)
     c_lo, c_hi, c_off, b_Apre, b_carry, b_Ablk = block_begin(

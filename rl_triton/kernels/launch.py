@@ -185,6 +185,20 @@ _EXACT_T_ROW_KINDS = ("vtrace",)
 _EXACT_T_BLOCK: int | None = None
 _EXACT_T_WARPS: int | None = None
 
+# Rows whose length is a multiple of 4 or 8 but not of 16 (T = 20, 100, 1000, ...): the fused kernels
+# take TDIV = 8 or 4 (core.row_length), from which Triton can prove 4- or 8-step rows 16-byte (or 32-byte)
+# aligned; it specialises T on multiples of 16 only. _ROW_DIVISOR = False: never (sweeps). Rows of exactly
+# 4 or 8 steps take EXACT_T instead. Each divisor is a size class of its own (one more compilation).
+_ROW_DIVISOR = True
+
+
+def _row_divisor(t: int, exact: bool = False) -> int:
+    """The TDIV constexpr of the fused kernels for rows of ``t`` steps (1: nothing to add to what
+    Triton's own specialisation knows)."""
+    if not _ROW_DIVISOR or exact or t % 16 == 0:
+        return 1
+    return 8 if t % 8 == 0 else 4 if t % 4 == 0 else 1
+
 
 def _grouped(tiles: Tiles) -> bool:
     """Whether group-major grouped tiles serve this chunk length."""
@@ -625,7 +639,7 @@ def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool, **ext
     constexprs = dict(
         HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, **extra, ACC=_acc(p.dtype),
-        GROUPED=form.group, EXACT_T=form.exact_t,
+        GROUPED=form.group, EXACT_T=form.exact_t, TDIV=_row_divisor(p.seq_len, form.exact_t),
     )  # fmt: skip
     return _scan_plan(kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
@@ -735,6 +749,7 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
             A=p.num_actions, AP=_pow2(p.num_actions), PIECES=form.pieces, HAS_TRUNC=t.get("truncateds") is not None,
             ACC=_acc(p.dtype), GROUPED=form.group, EXACT_T=form.exact_t, SHIFT=form.shift,
             PI_TILE=form.pi_tile and t.get("next_action_probs_target") is None,
+            TDIV=_row_divisor(p.seq_len, form.exact_t),
         )  # fmt: skip
         return _scan_plan(fused.retrace_kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
@@ -761,7 +776,7 @@ def returns(p, gamma: float, lambda_: float, adv: bool = False):
         constexprs = dict(
             HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
             HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype), GROUPED=form.group,
-            EXACT_T=form.exact_t,
+            EXACT_T=form.exact_t, TDIV=_row_divisor(p.seq_len, form.exact_t),
         )  # fmt: skip
         return _scan_plan(fused.returns_kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
@@ -780,7 +795,10 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
     out = p.new_output()
 
     def build(cached: bool) -> _Plan:
-        constexprs = dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype))
+        constexprs = dict(
+            STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype),
+            TDIV=_row_divisor(p.seq_len),
+        )  # fmt: skip
         layout = scan_layout("forward", p.num_envs, p.seq_len, p.dtype)
         return _scan_plan(fused.forward_trace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
