@@ -52,7 +52,7 @@ _GROUPED_FORMS = {
 
 
 # Retrace's env-major kernel variants (launch.RetraceForm fields: launch._RETRACE_EXACT_T, ...), which
-# _variants reports where the launcher would pass them (rows' "variants").
+# _form reports where the launcher would pass them (rows' "variants").
 _RETRACE_VARIANTS = ("exact_t", "shift", "pi_tile")
 # Those of GAE, V-trace and the returns (launch.ScanForm fields: launch._EXACT_T).
 _SCAN_VARIANTS = ("exact_t",)
@@ -119,7 +119,7 @@ CONFIG_PRESETS = {
     ],
 }
 
-# Knobs whose values join _effective's layout in the key that tells configurations apart (those that
+# Knobs whose values join _layout_key's tuple in the key that tells configurations apart (those that
 # change the compiled kernel without changing the layout it reports).
 _KERNEL_KNOBS = (
     "_GROUP_16BIT",
@@ -159,16 +159,21 @@ _SCAN_KIND = {
 }  # fmt: skip
 
 
-def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
-    """What the launcher would run for ``fn`` at (n, t) on ``dtype`` inputs under the current policy."""
+def _form(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
+    """What the launcher would run for ``fn`` at (n, t) on ``dtype`` inputs under the current policy:
+    ``(layout, GROUPED constexpr, env-major kernel variants)``, the variants being Retrace's
+    (launch.retrace_layout) or EXACT_T of GAE, V-trace and the returns (launch.scan_form)."""
     if fn == "compute_retrace":
         form = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
-        layout, grouped = form.layout, form.group
-    elif fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum"):
-        layout, grouped = launch.scan_layout(_SCAN_KIND[fn], n, t, dtype), 0
-    else:
-        form = launch.scan_form(_SCAN_KIND[fn], n, t, dtype)
-        layout, grouped = form.layout, form.group
+        return form.layout, form.group, tuple(name for name in _RETRACE_VARIANTS if getattr(form, name))
+    if fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum"):
+        return launch.scan_layout(_SCAN_KIND[fn], n, t, dtype), 0, ()
+    form = launch.scan_form(_SCAN_KIND[fn], n, t, dtype)
+    return form.layout, form.group, tuple(name for name in _SCAN_VARIANTS if getattr(form, name))
+
+
+def _layout_key(layout: launch.Layout, grouped: int) -> tuple:
+    """A layout's tiles, split and tile form as the tuple that tells configurations apart."""
     lookback = layout.nk > 1 and layout.lookback
     return (
         *layout.tiles,
@@ -181,16 +186,10 @@ def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
     )
 
 
-def _variants(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
-    """The env-major kernel variants that the launcher would pass at (n, t): Retrace's, and EXACT_T of
-    GAE, V-trace and the returns (launch.scan_form; else empty)."""
-    if fn == "compute_retrace":
-        form = launch.retrace_layout(n, t, specs.NUM_ACTIONS, dtype)
-        return tuple(name for name in _RETRACE_VARIANTS if getattr(form, name, False))
-    if fn in ("compute_eligibility_traces", "compute_episodic_prefix_sum"):
-        return ()
-    form = launch.scan_form(_SCAN_KIND[fn], n, t, dtype)
-    return tuple(name for name in _SCAN_VARIANTS if getattr(form, name))
+def _effective(fn: str, n: int, t: int, dtype: torch.dtype) -> tuple:
+    """:func:`_layout_key` of what the launcher would run for ``fn`` at (n, t) (:func:`_form`)."""
+    layout, grouped, _kernel_variants = _form(fn, n, t, dtype)
+    return _layout_key(layout, grouped)
 
 
 def _grid(grid: dict) -> list[dict]:
@@ -228,8 +227,8 @@ def sweep_shape(
     rows, seen = [], {}
     for knobs in configs:
         with policy(**knobs):
-            variants = _variants(spec.name, n, t, dtype)
-            eff = (*_effective(spec.name, n, t, dtype), *(knobs.get(k) for k in _KERNEL_KNOBS), variants)
+            layout, grouped, variants = _form(spec.name, n, t, dtype)
+            eff = (*_layout_key(layout, grouped), *(knobs.get(k) for k in _KERNEL_KNOBS), variants)
             if eff in seen:  # same tiles and split as a configuration already timed
                 rows.append({**seen[eff], "knobs": knobs, "duplicate": True})
                 continue
