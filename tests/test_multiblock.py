@@ -198,7 +198,8 @@ def test_launch_phases_follow_the_one_chunk_policy(monkeypatch):
     assert _phases("gae", gae, 4096, 4096) == (1024, [(0, False)])
     assert _phases("vtrace", vtrace, 4096, 4096) == (4096, [(0, True)])
     assert _phases("vtrace", vtrace, 4096, 4097) == (1024, [(0, False)])
-    assert _phases("gae", gae, 1, 1 << 20) == (4096, [(4, True)])  # look-back by program id
+    assert _phases("gae", gae, 1, 1 << 20) == (4096, [(5, True)])  # look-back by program id, epoch flags
+    assert _phases("gae", gae, 1, 1 << 24) == (2048, [(4, True)])  # 8192 blocks: zeroed flags
     assert _phases("gae", gae, 16, 1 << 20) == (2048, [(4, True)])
     assert _phases("vtrace", vtrace, 16, 1 << 20) == (1024, [(4, True)])
     assert _phases("forward", fwd, 16, 1 << 20) == (2048, [(4, True)])

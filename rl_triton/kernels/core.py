@@ -248,8 +248,10 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 #            chunk's aggregate, learns the state entering its block from the blocks before it
 #            (lookback), and applies it to the chunk still in registers. Inputs are read once.
 #   PHASE 4: PHASE 3 with blocks numbered by program id instead of a ticket (env_block; the default).
+#   PHASE 5: PHASE 4 with flags tagged by an epoch, so the flag buffer is kept from call to call instead
+#            of zeroed for each (lookback; the default for launches of few blocks, launch._EPOCH_MAX_BLOCKS).
 # ONE (constexpr, any phase): the program's block is one chunk (PHASE 0: rows of one chunk, T <= BT,
-# the common case; PHASE 3/4 always; PHASE 1/2 when CPB = 1). The chunk loop then has constant bounds,
+# the common case; PHASE 3-5 always; PHASE 1/2 when CPB = 1). The chunk loop then has constant bounds,
 # so the compiler drops it, and with it the new carry and the chunk's aggregate that nothing reads
 # (cross-warp reductions: GAE's sm_90 PTX at 512-step chunks goes from 18 to 11 bar.sync, the
 # forward traces kernel's from 5 to 1).
@@ -258,12 +260,24 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 # reverse recurrence block 0 holds the last time steps.
 
 
+# The look-back's flag buffer (PHASE 3-5; launch._scratch), int32. PHASE 3 and 4: zeroed for each call,
+# the N * NK flags (one per time block), then PHASE 3's ticket. PHASE 5: kept from call to call, N epochs
+# (one per row, padded to whole 128-byte lines), then the flags.
+EPOCH_LINE = 32
+_EPOCH_LINE = tl.constexpr(EPOCH_LINE)
+
+
+def flag_buffer_size(n: int, nk: int, epochs: bool) -> int:
+    """Elements of the flag buffer of a look-back over ``n`` rows of ``nk`` blocks (PHASE 5: ``epochs``)."""
+    return (-(-n // EPOCH_LINE) * EPOCH_LINE if epochs else 1) + n * nk
+
+
 @triton.jit
 def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, PHASE: tl.constexpr,
                 ACC: tl.constexpr, BN: tl.constexpr, NKP: tl.constexpr, ONE: tl.constexpr):  # fmt: skip
     """Time block ``i_k``: (chunk loop bounds, offset added to the loop index to get the chunk,
     (A, B) of everything before the block, A of the block so far = 1). The state entering the block
-    is A * x_init + B (B alone when the recurrence starts from 0). PHASE 3/4 learns (A, B) later, from
+    is A * x_init + B (B alone when the recurrence starts from 0). PHASE 3-5 learn (A, B) later, from
     :func:`lookback`. ONE (the block is one chunk): constant loop bounds, so the compiler drops the
     loop of one iteration and the carry and aggregate reductions nothing reads after it."""
     if ONE:
@@ -302,13 +316,20 @@ def block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_A, b_carry, PHASE: tl.const
 
 
 @triton.jit
-def _fold_published(p_agg_a, p_agg_b, p_flag, o_b, m_b, LEVEL: tl.constexpr):
-    """Wait until the blocks ``o_b`` (where ``m_b``) have published their level-``LEVEL`` aggregates
-    (flag >= LEVEL), then fold them in order: (A, B) [1], the identity where none is selected."""
+def _fold_published(p_agg_a, p_agg_b, p_flag, o_b, m_b, LEVEL, WRAP: tl.constexpr):
+    """Wait until the blocks ``o_b`` (where ``m_b``) have published their aggregates of level ``LEVEL``
+    (the row's epoch in this call plus 1 or 2), then fold them in order: (A, B) [1], the identity
+    where none is selected. A flag counts once it is at LEVEL or past it; with WRAP (epochs, which may
+    pass 2^31: see lookback) compared as the int32 difference flag - LEVEL, which wraps."""
     f = tl.load(p_flag + o_b, mask=m_b, other=LEVEL, volatile=True)
-    while tl.min(f, 0) < LEVEL:
-        f = tl.load(p_flag + o_b, mask=m_b, other=LEVEL, volatile=True)
-    m_b = m_b & (f >= LEVEL)  # the loads below depend on the flags, so they cannot run ahead of them
+    if WRAP:
+        while tl.min(f - LEVEL, 0) < 0:
+            f = tl.load(p_flag + o_b, mask=m_b, other=LEVEL, volatile=True)
+        m_b = m_b & (f - LEVEL >= 0)  # the loads below depend on the flags, so they cannot run ahead of them
+    else:
+        while tl.min(f, 0) < LEVEL:
+            f = tl.load(p_flag + o_b, mask=m_b, other=LEVEL, volatile=True)
+        m_b = m_b & (f >= LEVEL)
     b_A, b_B = tl.associative_scan(
         (tl.load(p_agg_a + o_b, mask=m_b, other=1, volatile=True),
          tl.load(p_agg_b + o_b, mask=m_b, other=0, volatile=True)),
@@ -318,8 +339,9 @@ def _fold_published(p_agg_a, p_agg_b, p_flag, o_b, m_b, LEVEL: tl.constexpr):
 
 
 @triton.jit
-def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.constexpr, S: tl.constexpr):
-    """PHASE 3/4: the (A, B) of everything before time block ``i_k`` of env ``i_n`` (one env per program),
+def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, ACC: tl.constexpr, S: tl.constexpr,
+             EPOCHS: tl.constexpr):  # fmt: skip
+    """PHASE 3-5: the (A, B) of everything before time block ``i_k`` of env ``i_n`` (one env per program),
     given the block's own aggregate (b_Al, b_Bl) [1]. Deterministic: the blocks are cut into windows
     of S (at most S windows per row: the launcher picks S >= sqrt(NK)); the last block of each window
     publishes the window's aggregate, which depends on that window alone; the state before block k
@@ -330,44 +352,61 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, ACC: tl.cons
     waits on a chain of windows, only on the blocks and windows before it.
 
     [2, N, NK] buffers: p_agg_* [0] block aggregates, [1] window aggregates (stored at the window's
-    last block); p_flag [N * NK] int32: 1 once the block's aggregate is stored, 2 once its window's
-    is. A block publishes its aggregate (and its window's) before it waits, and waits only for blocks
-    numbered before it: in PHASE 3 by their tickets, so they have started and every wait ends; in
-    PHASE 4 by program id, which relies on the GPU starting programs in id order (env_block)."""
+    last block). p_flag: the flag buffer (EPOCH_LINE above); the row's flags hold E + 1 once the
+    block's aggregate is stored, E + 2 once its window's is, where E is the row's epoch in this call
+    (EPOCHS, PHASE 5: read by :func:`env_block`; 0 in PHASE 3 and 4, whose buffers are zeroed); what an
+    earlier call left there is at most E (and not 2^31 below it: every call writes every flag of its
+    rows), so it reads as unpublished. A block publishes its aggregate (and its window's) before it
+    waits, and waits only for blocks numbered before it: in PHASE 3 by their tickets, so they have
+    started and every wait ends; in PHASE 4/5 by program id, which relies on the GPU starting programs
+    in id order (env_block).
+
+    The row's last block advances the row's epoch by 2 once its waits are over: every block of the row
+    has published a flag computed from E by then (directly, or through its window's last block, which
+    published after seeing them), so has read E. The next call on the buffer then needs no zeroed
+    flags (PHASE 5, launch._lookback_flags)."""
     o1 = tl.arange(0, 1)
+    if EPOCHS:
+        p_epoch = p_flag + i_n
+        p_flag += ((N + _EPOCH_LINE - 1) // _EPOCH_LINE) * _EPOCH_LINE
     row = i_n.to(tl.int64) * NK
     inc = N.to(tl.int64) * NK
     me = row + i_k + o1
     tl.store(p_agg_a + me, b_Al)
     tl.store(p_agg_b + me, b_Bl)
-    tl.atomic_xchg(p_flag + me, tl.full([1], 1, tl.int32), sem="release")
+    tl.atomic_xchg(p_flag + me, tl.full([1], 1, tl.int32) + E, sem="release")
     # the blocks of this window before this one
     o_s = tl.arange(0, S)
     base = (i_k // S) * S
-    wA, wB = _fold_published(p_agg_a + row, p_agg_b + row, p_flag + row, base + o_s, base + o_s < i_k, 1)
+    wA, wB = _fold_published(p_agg_a + row, p_agg_b + row, p_flag + row, base + o_s, base + o_s < i_k, E + 1, EPOCHS)
     if i_k % S == S - 1:  # the window's last block: publish the window's aggregate
         tl.store(p_agg_a + inc + me, b_Al * wA)
         tl.store(p_agg_b + inc + me, b_Al * wB + b_Bl)
-        tl.atomic_xchg(p_flag + me, tl.full([1], 2, tl.int32), sem="release")
+        tl.atomic_xchg(p_flag + me, tl.full([1], 2, tl.int32) + E, sem="release")
     # the windows before this one (window j's aggregate sits at its last block, j * S + S - 1)
     b_pA = tl.full([1], 1.0, ACC)
     b_pB = tl.zeros([1], ACC)
     if base > 0:
         o_v = o_s * S + (S - 1)
-        b_pA, b_pB = _fold_published(p_agg_a + inc + row, p_agg_b + inc + row, p_flag + row, o_v, o_s < i_k // S, 2)
+        b_pA, b_pB = _fold_published(
+            p_agg_a + inc + row, p_agg_b + inc + row, p_flag + row, o_v, o_s < i_k // S, E + 2, EPOCHS
+        )
+    if EPOCHS:
+        if i_k == NK - 1:  # the row's last block: every block of the row has read E (above)
+            tl.store(p_epoch, E + 2)
     return wA * b_pA, wA * b_pB + wB
 
 
 @triton.jit
-def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
-                    GROUPED: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr):  # fmt: skip
-    """PHASE 3/4 (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
+def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
+                    GROUPED: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, EPOCHS: tl.constexpr):  # fmt: skip
+    """PHASE 3-5 (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
     in registers, then :func:`lookback`. Returns (A, B) of everything before the block [1]."""
-    tl.static_assert(o_n.shape[0] == 1, "PHASE 3/4 take one env per program")
+    tl.static_assert(o_n.shape[0] == 1, "PHASE 3-5 take one env per program")
     b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, GROUPED)
     _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, GROUPED)
     i_n = tl.sum(o_n, 0)
-    return lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED), ACC, S)
+    return lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED), E, ACC, S, EPOCHS)
 
 
 @triton.jit
@@ -385,12 +424,13 @@ def row_length(T, TDIV: tl.constexpr):
 @triton.jit
 def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
     """The envs of this program: ids [BN], their mask, the offset of each row's first element (int64:
-    N * T may exceed 2^31), and the program's time block. In PHASE 3 the (env block, time block) pair
-    comes from a ticket (an atomic counter after the [N, NK] flags) instead of the program ids: blocks
-    take tickets in the order they start, so every block a program waits for has started. PHASE 4 is
-    the same look-back numbered by program id instead (no atomic before the loads; relies on the GPU
-    starting programs in the order of their ids, as CUB's decoupled look-back does; the default,
-    launch._TICKET)."""
+    N * T may exceed 2^31), the program's time block, and in PHASE 5 the row's look-back epoch (0
+    otherwise), read here so that the load overlaps the inputs' (:func:`lookback`). In PHASE 3 the
+    (env block, time block) pair comes from a ticket (an atomic counter after the flags) instead of
+    the program ids: blocks take tickets in the order they start, so every block a program waits for
+    has started. PHASE 4/5 is the same look-back numbered by program id instead (no atomic
+    before the loads; relies on the GPU starting programs in the order of their ids, as CUB's
+    decoupled look-back does; the default, launch._TICKET)."""
     if PHASE >= 3:
         if PHASE == 3:
             v = tl.atomic_add(p_flag + N.to(tl.int64) * NK, 1)
@@ -398,11 +438,16 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
             v = tl.program_id(0)
         i_n = v // NK
         i_k = v % NK
+        if PHASE == 5:
+            epoch = tl.load(p_flag + i_n)
+        else:
+            epoch = 0
     else:
+        epoch = 0
         i_n = tl.program_id(0)
         i_k = tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
-    return o_n, o_n < N, o_n.to(tl.int64) * T, i_k
+    return o_n, o_n < N, o_n.to(tl.int64) * T, i_k, epoch
 
 
 @triton.jit
@@ -466,7 +511,7 @@ def linear_scan_kernel(
     BN: tl.constexpr,  # envs per program
     BT: tl.constexpr,  # time steps per chunk
 ):
-    o_n, m_n, o_row, _k = env_block(p_x, N, T, 1, BN, 0)
+    o_n, m_n, o_row, _k, _e = env_block(p_x, N, T, 1, BN, 0)
     if HAS_INIT:
         b_carry = tl.load(p_init + o_n, mask=m_n, other=0).to(ACC)
     else:

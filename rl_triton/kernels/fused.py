@@ -89,7 +89,7 @@ def gae_kernel(
         tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
         T = BT
     T = core.row_length(T, TDIV)
-    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
@@ -109,7 +109,7 @@ def gae_kernel(
         b_b = tl.where(m, b_delta, 0.0)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
         b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
@@ -171,7 +171,7 @@ def vtrace_kernel(
         tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
         T = BT
     T = core.row_length(T, TDIV)
-    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
@@ -189,7 +189,7 @@ def vtrace_kernel(
         b_b = tl.where(m, b_b, 0.0)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
         b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
@@ -349,7 +349,7 @@ def retrace_kernel(
         T = BT
     tl.static_assert(GROUPED == -4 or not SHIFT, "SHIFT: env-major rows of one chunk")
     T = core.row_length(T, TDIV)
-    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
@@ -368,7 +368,7 @@ def retrace_kernel(
         b_b = tl.where(m, b_b, 0.0)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
         b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
@@ -409,7 +409,7 @@ def returns_kernel(
         tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
         T = BT
     T = core.row_length(T, TDIV)
-    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
@@ -442,7 +442,7 @@ def returns_kernel(
         b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, True, GROUPED, ACC, NKP
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
         b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
@@ -473,7 +473,7 @@ def forward_trace_kernel(
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
     T = core.row_length(T, TDIV)
-    o_n, m_n, o_row, i_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     scale = hp_scalar(scale_hi, scale_lo, ACC)
     c_lo, c_hi, c_off, b_Apre, b_carry, b_Ablk = block_begin(
         p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
@@ -493,7 +493,7 @@ def forward_trace_kernel(
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, N, NK, BT, False, False, ACC, NKP
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, False, False, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3 + b_apre3 * b_seed, BT, False)
         b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, False)

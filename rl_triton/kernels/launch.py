@@ -331,15 +331,16 @@ def _direct(ck, kernel, n_args: int, constexprs: dict):
 class _Plan:
     """The launches of one call signature (see above). ``split`` says which scratch arguments the
     multi-block forms append to the kernel's arguments: (0, chunks per block) single pass,
-    (3, N, blocks, acc dtype) one-pass look-back, (1, N, blocks, chunks per block, acc dtype) two
-    passes."""
+    (3, N, blocks, acc dtype, epoch flags) one-pass look-back (flags: _scratch), (1, N, blocks, chunks
+    per block, acc dtype) two passes."""
 
-    __slots__ = ("kernel", "device", "launches", "split", "fast", "cached")
+    __slots__ = ("kernel", "device", "launches", "split", "fast", "cached", "flags")
 
     def __init__(self, kernel, device: torch.device, launches: list, split: tuple, cached: bool):
         self.kernel, self.device, self.launches, self.split = kernel, device, launches, split
         self.cached = cached  # reused by later calls: worth keeping the compiled kernels
         self.fast = [None] * len(launches)
+        self.flags = {}  # look-back flag buffers by stream (_lookback_flags)
 
 
 def _cached_plan(plans: dict | None, options: tuple, build) -> _Plan:
@@ -353,18 +354,21 @@ def _cached_plan(plans: dict | None, options: tuple, build) -> _Plan:
     return plan
 
 
-def _scratch(split: tuple, args: tuple) -> tuple:
+def _scratch(plan: _Plan, args: tuple) -> tuple:
     """Per launch, the scratch arguments appended to ``args`` (multi-block aggregates and flags)."""
+    split = plan.split
     kind = split[0]
     if kind == 0:
         dummy = args[0]
         return ((dummy, dummy, dummy, 1, split[1]),)
     if kind == 3:
-        # one chunk per time block; [2, N, NK] block and window aggregates, N * NK flags + a ticket
-        _, n, nk, acc = split
+        # one chunk per time block; [2, N, NK] block and window aggregates, a flag buffer (core.EPOCH_LINE):
+        # kept from call to call with epochs (PHASE 5), else zeroed for each call
+        _, n, nk, acc, epochs = split
         device = args[0].device
         agg_a = torch.empty((2, n, nk), dtype=acc, device=device)
-        flags = torch.zeros(n * nk + 1, dtype=torch.int32, device=device)
+        size = core.flag_buffer_size(n, nk, epochs)
+        flags = _lookback_flags(plan, device, size) if epochs else torch.zeros(size, dtype=torch.int32, device=device)
         return ((agg_a, torch.empty_like(agg_a), flags, nk, 1),)
     _, n, nk, cpb, acc = split
     agg_a = torch.empty((n, nk), dtype=acc, device=args[0].device)
@@ -372,9 +376,75 @@ def _scratch(split: tuple, args: tuple) -> tuple:
     return (extra, extra)
 
 
+# The look-back's flag buffers (core.lookback). In PHASE 5 each row's flags are tagged with an epoch
+# that the kernel reads from the buffer and advances by 2 when the row is done, so flags left by earlier
+# calls read as unpublished and a buffer is zeroed once, when allocated, instead of by a fill kernel per
+# call (~1.3 us of GPU time in a CUDA graph, measured on the H200). Launches of more than
+# _EPOCH_MAX_BLOCKS blocks keep zeroed flags (PHASE 4): there the epoch cost more than the fill saved.
+# H200, CUDA-graph replays, kernel us without -> with epochs (NOTES.md "Performance", item Z;
+# benchmarks/results/lookback_epochs*_h200.json): 1x1,048,576 (256-1024 blocks) GAE 14.4 -> 13.0,
+# discounted 13.7 -> 12.4, TD(lambda) 14.9 -> 13.8, V-trace 21.6 -> 20.7, Retrace 36.8 -> 34.6; with
+# epochs at every size, 8192-16384 blocks: discounted 1x16,777,216 79.8 -> 81.0, traces 80.3 -> 81.2,
+# V-trace 16x1,048,576 177.6 -> 177.9, GAE 1x16,777,216 96.4 -> 95.0. The epochs are
+# per row, so a buffer serves one layout (rows, blocks per row): each plan keeps its own, one per
+# stream (calls on one stream run in order; calls on two streams may overlap). A call being captured
+# in a CUDA graph takes its own slice of an arena zeroed beforehand and keeps it for as long as the
+# process lives: replays of different graphs may run concurrently, replays of one graph do not. The
+# arena is allocated and zeroed, and its zeros waited for once (the graph may replay on a stream not
+# ordered after the fill), by a call that is not being captured; a capture that finds no arena, or too
+# little of it left, and calls of uncached signatures zero fresh flags as before (correct, one fill
+# kernel more per call). Under the interpreter the programs run one after another: stream 0.
+_EPOCH_MAX_BLOCKS = 4096
+_ARENA_SIZE = 1 << 18  # int32 elements (1 MiB): e.g. 800 captured 1x1,048,576 GAE calls of 256 blocks
+_ARENAS: dict = {}  # device index -> [zeroed int32 tensor, elements handed out]
+_LEASED: list = []  # every arena that handed out a slice to a graph: graphs outlive any reference of ours
+
+
+def _lookback_flags(plan: _Plan, device: torch.device, size: int) -> torch.Tensor:
+    """An int32 flag buffer of ``size`` elements (core.flag_buffer_size) for a look-back launch of
+    ``plan`` on ``device``'s current stream (see above)."""
+    stream = 0
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if torch.cuda.is_current_stream_capturing():
+            return _lease(device, index, size)
+        stream = torch._C._cuda_getCurrentRawStream(index)
+        arena = _ARENAS.get(index)
+        if arena is None or arena[0].numel() - arena[1] < size:
+            _ARENAS[index] = [_zeroed(device, max(_ARENA_SIZE, 2 * size)), 0]
+    if not plan.cached:
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    buf = plan.flags.get(stream)
+    if buf is None:
+        buf = plan.flags[stream] = torch.zeros(size, dtype=torch.int32, device=device)
+    return buf
+
+
+def _zeroed(device: torch.device, size: int) -> torch.Tensor:
+    """Zeros on ``device``, waited for (an event on the current stream, not a device-wide sync)."""
+    buf = torch.zeros(size, dtype=torch.int32, device=device)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(device))
+    done.synchronize()
+    return buf
+
+
+def _lease(device: torch.device, index: int, size: int) -> torch.Tensor:
+    """A captured call's own flags: a slice of the device's arena, or fresh zeros (see above)."""
+    arena = _ARENAS.get(index)
+    size = -(-size // core.EPOCH_LINE) * core.EPOCH_LINE  # whole 128-byte lines
+    if arena is None or arena[0].numel() - arena[1] < size:
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    buf = arena[0][arena[1] : arena[1] + size]
+    if arena[1] == 0:
+        _LEASED.append(arena[0])
+    arena[1] += size
+    return buf
+
+
 def _run(plan: _Plan, args: tuple) -> None:
     """Launches every launch of ``plan`` with the kernel arguments ``args`` (scratch appended)."""
-    for i, extra in enumerate(_scratch(plan.split, args)):
+    for i, extra in enumerate(_scratch(plan, args)):
         _launch(plan, i, (*args, *extra))
 
 
@@ -405,7 +475,7 @@ _COMPILED: dict = {}
 
 # Multi-block scans (kernels/core.py): when the env blocks alone give too few programs for the
 # GPU (fewer than _TARGET_PROGRAMS / 2) and rows span at least _MIN_CHUNKS_FOR_SPLIT chunks, each
-# row is split into time blocks, scanned either in one launch (PHASE 4/3, the look-back: one chunk
+# row is split into time blocks, scanned either in one launch (PHASE 3-5, the look-back: one chunk
 # per block, one env per program, inputs read once) or in two (PHASE 1 stores each block's
 # aggregate, PHASE 2 folds the aggregates before its block and rescans it; inputs read twice).
 # Size classes only: no recompilation.
@@ -604,7 +674,7 @@ def scan_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
 
 
 def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached: bool = False) -> _Plan:
-    """The launches of a fused kernel: single pass, one-pass multi-block scan (PHASE 4/3, look-back) or
+    """The launches of a fused kernel: single pass, one-pass multi-block scan (PHASE 3-5, look-back) or
     two-pass multi-block scan (PHASE 1, then PHASE 2)."""
     tiles, nk, cpb = layout.tiles, layout.nk, layout.cpb
     env_programs = _cdiv(n, tiles.bn)
@@ -616,10 +686,10 @@ def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached:
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
     if layout.lookback:
-        phase = 3 if _TICKET else 4
+        phase = 3 if _TICKET else 5 if n * nk <= _EPOCH_MAX_BLOCKS else 4
         options = {} if layout.maxnreg is None else {"maxnreg": layout.maxnreg}  # Triton's option, not a constexpr
         launch = ((n * nk, 1), {**constexprs, "PHASE": phase, "ONE": one, "NKP": layout.window, **options}, tiles.warps)
-        return _Plan(kernel, device, [launch], (3, n, nk, acc), cached)
+        return _Plan(kernel, device, [launch], (3, n, nk, acc, phase == 5), cached)
     nkp = _pow2(nk)
     launches = [
         ((env_programs, nk), {**constexprs, "PHASE": phase, "ONE": one, "NKP": nkp}, tiles.warps) for phase in (1, 2)

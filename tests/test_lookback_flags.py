@@ -1,0 +1,175 @@
+"""The look-back's flag buffers (kernels/core.py lookback, launch._lookback_flags): in launches of few
+blocks (PHASE 5) flags tagged with a per-row epoch that the kernel advances, so one buffer per plan and
+stream serves every call without being zeroed again, and flags an earlier call left read as
+unpublished; larger launches (PHASE 4) zero fresh flags. Forced look-back on small rows (10 blocks of
+32 steps, windows of 4) on the interpreter and the GPU; CUDA-graph captures (their own slices of a
+zeroed arena, or fresh zeros when none is left) on the GPU only."""
+
+import pytest
+import torch
+
+import rl_triton as R
+from rl_triton.kernels import core, launch
+from tests.test_multiblock import CALLS, _inputs, _matches_torch_path
+
+FUNCTIONS = ["gae", "vtrace", "retrace", "lambda", "traces"]
+H = core.EPOCH_LINE  # one row's epoch line, then its flags
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="needs a CUDA GPU, compiled kernels")
+
+
+@pytest.fixture
+def buffers(monkeypatch):
+    """The policy's look-back on short rows (10 blocks of 32 steps, windows of 4); yields the list of
+    flag buffers the launches get."""
+    for name, value in [("_ONE_CHUNK_BLOCKS", True), ("_MIN_CHUNKS_FOR_SPLIT", 2), ("_MIN_CHUNKS_PER_BLOCK", 1),
+                        ("_TARGET_PROGRAMS", 4096), ("_MAX_BT", 32), ("_ONE_CHUNK_FACTOR", 1), ("_SPLIT_FACTOR", 1),
+                        ("_LOOKBACK", True), ("_BLOCK", 32), ("_LOOKBACK_WINDOW", 4)]:  # fmt: skip
+        monkeypatch.setattr(launch, name, value)
+    assert launch.scan_layout("gae", 1, 300).nk == 10
+    seen, real = [], launch._lookback_flags
+
+    def record(plan, device, size):
+        seen.append(real(plan, device, size))
+        return seen[-1]
+
+    monkeypatch.setattr(launch, "_lookback_flags", record)
+    return seen
+
+
+def _fresh(n, t, device, seed):
+    x = _inputs(n, t, device)
+    x["r"] = torch.randn(n, t, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(device)
+    return x
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_epoch_advances(path, buffers, fn):
+    """Each call publishes a row's flags as its epoch + 1 / + 2 and leaves the row's epoch 2 higher;
+    the next call of the signature (new data) reuses the buffer as it is; another layout has its own
+    buffer, whose epochs move on their own."""
+    if not path.is_kernel:
+        pytest.skip("multi-block scans are a kernel-path feature")
+
+    def check(buf, epoch):
+        buf = buf.cpu()
+        assert buf[:H].tolist() == [epoch] + [0] * (H - 1)
+        assert buf[H:].tolist() == [epoch - 1 + (k % 4 == 3) for k in range(10)]  # windows' last blocks: 2
+
+    # Retrace with CPU actions is never a cached signature (its range check reads them): fresh flags
+    cached = not (fn == "retrace" and path.device.type == "cpu")
+    for call in range(3):
+        _matches_torch_path(fn, _fresh(1, 300, path.device, call))
+        assert buffers[-1].numel() == core.flag_buffer_size(1, 10, True)
+        assert buffers[-1].data_ptr() == buffers[0].data_ptr() or not cached
+        check(buffers[-1], 2 * call + 2 if cached else 2)
+    _matches_torch_path(fn, _fresh(1, 1000, path.device, 5))  # 32 blocks: another plan, another buffer
+    assert buffers[-1].numel() == core.flag_buffer_size(1, 32, True) and buffers[-1][0].item() == 2
+    _matches_torch_path(fn, _fresh(1, 300, path.device, 6))
+    check(buffers[-1], 8 if cached else 2)
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_stale_flags_are_unpublished(path, buffers, fn):
+    """Flags at the highest value an earlier call can leave (the row's current epoch) do not count as
+    published: every block waits for this call's own aggregates (on the GPU, reading the NaN-poisoned
+    aggregate buffers early would show)."""
+    if not path.is_kernel:
+        pytest.skip("multi-block scans are a kernel-path feature")
+    _matches_torch_path(fn, _fresh(1, 300, path.device, 0))
+    buf = buffers[-1]
+    for seed in (1, 2):
+        buf[H:] = buf[0]
+        _matches_torch_path(fn, _fresh(1, 300, path.device, seed))
+
+
+@pytest.mark.parametrize("fn", ["gae", "traces"])
+def test_epochs_wrap(path, buffers, fn):
+    """The int32 epochs pass 2^31 and wrap; flags count as published by their difference from the
+    epoch, so calls around the wrap are still right (flags of the previous calls left in place)."""
+    if not path.is_kernel:
+        pytest.skip("multi-block scans are a kernel-path feature")
+    _matches_torch_path(fn, _fresh(1, 300, path.device, 0))
+    buf = buffers[-1]
+    buf[0] = 2**31 - 3
+    buf[H:] = 2**31 - 3
+    for seed in (1, 2, 3):
+        _matches_torch_path(fn, _fresh(1, 300, path.device, seed))
+    assert buffers[-1].data_ptr() == buf.data_ptr() and buf[0].item() == -(2**31) + 3  # 2^31 - 3 + 6, wrapped
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_zeroed_flags_beyond_max_blocks(path, buffers, monkeypatch, fn):
+    """Launches of more than _EPOCH_MAX_BLOCKS blocks take fresh zeroed flags (PHASE 4), no kept buffer."""
+    if not path.is_kernel:
+        pytest.skip("multi-block scans are a kernel-path feature")
+    monkeypatch.setattr(launch, "_EPOCH_MAX_BLOCKS", 9)
+    for seed in (0, 1):
+        _matches_torch_path(fn, _fresh(1, 300, path.device, seed))
+    assert buffers == []
+
+
+def test_flag_buffers_per_plan():
+    """One zeroed buffer per plan and stream, reused; uncached signatures get fresh zeros each call.
+    The layouts: the row epochs in whole 128-byte lines, then the flags (kept); the flags, then PHASE 3's ticket
+    (zeroed)."""
+    cpu = torch.device("cpu")
+    assert core.flag_buffer_size(1, 10, True) == H + 10 and core.flag_buffer_size(17, 3, True) == H + 51
+    assert core.flag_buffer_size(33, 3, True) == 2 * H + 99 and core.flag_buffer_size(33, 3, False) == 100
+    plan = launch._Plan(None, cpu, [], (3, 1, 10, torch.float32), cached=True)
+    a = launch._lookback_flags(plan, cpu, 42)
+    assert a.dtype == torch.int32 and a.numel() == 42 and not a.any()
+    assert launch._lookback_flags(plan, cpu, 42) is a
+    once = launch._Plan(None, cpu, [], (3, 1, 10, torch.float32), cached=False)
+    assert launch._lookback_flags(once, cpu, 42) is not launch._lookback_flags(once, cpu, 42)
+
+
+def _captured(fn, x):
+    """CALLS[fn] on ``x`` captured in a CUDA graph (after a warm-up on a side stream): (graph, outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        CALLS[fn](x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = CALLS[fn](x)
+    return graph, out if isinstance(out, tuple) else (out,)
+
+
+def _refill(x, seed):
+    """New rewards and values in place (the graph reads the same tensors)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for key in ("r", "v", "nv"):
+        x[key].copy_(torch.randn(x[key].shape, generator=g, device="cuda"))
+
+
+@cuda
+@pytest.mark.parametrize("fn", ["gae", "vtrace", "discounted", "lambda"])
+def test_captured_calls_lease_arena_slices(fn, monkeypatch):
+    """A captured look-back call takes its own slice of the arena (two graphs: two slices); replays
+    with new data, alternating between the graphs, give what eager calls give, bit for bit. With no
+    arena left, a capture zeroes fresh flags in the graph instead, with the same results."""
+    n, t = (1, 1 << 20) if fn != "vtrace" else (4, 1 << 20)
+    x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(n, t, "cuda").items()}
+    CALLS[fn](x)  # eager: the stream's buffer and the device's arena
+    index = torch.cuda.current_device()
+    used = launch._ARENAS[index][1]
+    g1, out1 = _captured(fn, x)
+    g2, out2 = _captured(fn, x)
+    assert launch._ARENAS[index][1] > used + 16  # two slices
+    for seed in range(4):
+        _refill(x, seed)
+        (g1 if seed % 2 else g2).replay()
+        eager = CALLS[fn](x)
+        eager = eager if isinstance(eager, tuple) else (eager,)
+        for a, b in zip(out1 if seed % 2 else out2, eager, strict=True):
+            assert torch.equal(a, b)
+    arena = launch._ARENAS[index]
+    monkeypatch.setitem(launch._ARENAS, index, [arena[0], arena[0].numel()])  # none left
+    g3, out3 = _captured(fn, x)
+    for seed in range(2):
+        _refill(x, 10 + seed)
+        g3.replay()
+        eager = CALLS[fn](x)
+        for a, b in zip(out3, eager if isinstance(eager, tuple) else (eager,), strict=True):
+            assert torch.equal(a, b)
