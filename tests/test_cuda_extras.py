@@ -23,6 +23,16 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="
 def test_cuda_graph_capture(fn, shape):
     x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(*shape, "cuda").items()}
     eager = CALLS[fn](x)  # also compiles the kernels outside the capture
+    graph, captured = captured_call(fn, x)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = eager if isinstance(eager, tuple) else (eager,)
+    for a, b in zip(eager, captured, strict=True):
+        assert torch.equal(a, b)
+
+
+def captured_call(fn, x):
+    """CALLS[fn] on ``x`` captured in a CUDA graph (after a warm-up on a side stream): (graph, outputs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -30,13 +40,8 @@ def test_cuda_graph_capture(fn, shape):
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = CALLS[fn](x)
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = eager if isinstance(eager, tuple) else (eager,)
-    captured = captured if isinstance(captured, tuple) else (captured,)
-    for a, b in zip(eager, captured, strict=True):
-        assert torch.equal(a, b)
+        out = CALLS[fn](x)
+    return graph, out if isinstance(out, tuple) else (out,)
 
 
 def _misaligned(x: torch.Tensor) -> torch.Tensor:

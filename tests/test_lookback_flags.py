@@ -10,6 +10,7 @@ import torch
 
 import rl_triton as R
 from rl_triton.kernels import core, launch
+from tests.test_cuda_extras import captured_call
 from tests.test_multiblock import CALLS, _inputs, _matches_torch_path
 
 FUNCTIONS = ["gae", "vtrace", "retrace", "lambda", "traces"]
@@ -123,19 +124,6 @@ def test_flag_buffers_per_plan():
     assert launch._lookback_flags(once, cpu, 42) is not launch._lookback_flags(once, cpu, 42)
 
 
-def _captured(fn, x):
-    """CALLS[fn] on ``x`` captured in a CUDA graph (after a warm-up on a side stream): (graph, outputs)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        CALLS[fn](x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = CALLS[fn](x)
-    return graph, out if isinstance(out, tuple) else (out,)
-
-
 def _refill(x, seed):
     """New rewards and values in place (the graph reads the same tensors)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -154,8 +142,8 @@ def test_captured_calls_lease_arena_slices(fn, monkeypatch):
     CALLS[fn](x)  # eager: the stream's buffer and the device's arena
     index = torch.cuda.current_device()
     used = launch._ARENAS[index][1]
-    g1, out1 = _captured(fn, x)
-    g2, out2 = _captured(fn, x)
+    g1, out1 = captured_call(fn, x)
+    g2, out2 = captured_call(fn, x)
     assert launch._ARENAS[index][1] > used + 16  # two slices
     for seed in range(4):
         _refill(x, seed)
@@ -166,7 +154,7 @@ def test_captured_calls_lease_arena_slices(fn, monkeypatch):
             assert torch.equal(a, b)
     arena = launch._ARENAS[index]
     monkeypatch.setitem(launch._ARENAS, index, [arena[0], arena[0].numel()])  # none left
-    g3, out3 = _captured(fn, x)
+    g3, out3 = captured_call(fn, x)
     for seed in range(2):
         _refill(x, 10 + seed)
         g3.replay()
