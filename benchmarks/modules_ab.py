@@ -81,13 +81,25 @@ print(json.dumps(result))
 """
 
 
-def run_tree(tree: str) -> dict:
+def run_child(code: str, tree: str, payload) -> dict:
+    """Runs ``code`` in a fresh Python process as ``python -c code TREE JSON(payload)`` (the code puts
+    TREE first on sys.path) and returns the JSON object its last line of output holds."""
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, tree, json.dumps(SHAPES)], capture_output=True, text=True, check=False
+        [sys.executable, "-c", code, tree, json.dumps(payload)], capture_output=True, text=True, check=False
     )
     if proc.returncode:
         raise RuntimeError(f"{tree}: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def alternate(trees: list[str], rounds: int, run) -> dict[str, list]:
+    """``run(tree)`` for every tree, ``rounds`` times; odd rounds take the trees in reverse order, so
+    that no tree always runs first (the machine's state drifts between processes)."""
+    out: dict[str, list] = {tree: [] for tree in trees}
+    for i in range(rounds):
+        for tree in trees if i % 2 == 0 else trees[::-1]:
+            out[tree].append(run(tree))
+    return out
 
 
 def main() -> None:
@@ -96,10 +108,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    rounds: dict[str, list[dict]] = {tree: [] for tree in args.trees}
-    for _ in range(args.rounds):
-        for tree in args.trees:
-            rounds[tree].append(run_tree(tree))
+    rounds = alternate(args.trees, args.rounds, lambda tree: run_child(_CHILD, tree, SHAPES))
     for tree, runs in rounds.items():
         print(tree)
         for key in runs[0]:

@@ -1,14 +1,15 @@
 """CPU checks of the kernel-tuning scripts' host-side logic (their measurements need a GPU):
 the issue-target verdicts and table of benchmarks.targets, the policy override of
 benchmarks.tile_sweep, the probe kernel of benchmarks.scan_variants under the interpreter, and the
-two-launch stand-ins of benchmarks.fused_outputs, and the raw kernel launch that
-benchmarks.host_overhead times."""
+two-launch stand-ins of benchmarks.fused_outputs, the raw kernel launch that
+benchmarks.host_overhead times, and the tree comparisons' plumbing (benchmarks.modules_ab,
+benchmarks.kernels_ab)."""
 
 import pytest
 import torch
 
 import rl_triton as R
-from benchmarks import fused_outputs, host_overhead, scan_variants, targets, tile_sweep
+from benchmarks import fused_outputs, host_overhead, kernels_ab, modules_ab, scan_variants, targets, tile_sweep
 from rl_triton.kernels import launch
 
 
@@ -144,3 +145,26 @@ def test_host_overhead_raw_launch_computes_gae(shape):
     out = torch.full_like(r, float("nan"))
     host_overhead.raw_gae(r, v, term, out)()
     torch.testing.assert_close(out, R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95), atol=1e-5, rtol=1e-5)
+
+
+def test_tree_comparisons_plumbing():
+    """Rounds alternate the order of the trees; a child's last output line is its result; the
+    kernel comparison's cases and report."""
+    seen = []
+    modules_ab.alternate(["a", "b", "c"], 3, seen.append)
+    assert seen == list("abc") + list("cba") + list("abc")
+    code = "import json, sys; print('warm-up'); print(json.dumps([sys.argv[1], len(json.loads(sys.argv[2]))]))"
+    assert modules_ab.run_child(code, "T", [1, 2]) == ["T", 2]
+    with pytest.raises(RuntimeError, match="T: "):
+        modules_ab.run_child("raise SystemExit(3)", "T", [])
+    compile(kernels_ab._CHILD, "kernels_ab child", "exec")
+    cases = kernels_ab.parse_cases("compute_gae:1x1048576, compute_vtrace:16X1024")
+    assert cases == [("compute_gae", 1, 1048576), ("compute_vtrace", 16, 1024)]
+
+    def run(tree):
+        us = {"a": 10.0, "b": 12.5}[tree]
+        return {"cases": [{"kernel_us": us, "fraction_of_copy": 0.5}, {"kernel_us": 2 * us, "fraction_of_copy": 0.25}]}
+
+    lines = kernels_ab.report(cases, modules_ab.alternate(["a", "b"], 2, run))
+    assert lines[0] == "gae                    1x1048576: 10.0 (0.500) / 10.0 (0.500)  |  12.5 (0.500) / 12.5 (0.500)"
+    assert lines[1].startswith("vtrace                 16x1024: 20.0 (0.250)")
