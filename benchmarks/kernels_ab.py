@@ -3,7 +3,8 @@ fresh process measures each case with ``benchmarks.targets.measure`` (do_bench m
 replay of one public call, and its fraction of a copy of the same bytes timed in the same process),
 then lists the register count and spills of every compiled look-back kernel (``launch._COMPILED``,
 PHASE 3-5). Rounds alternate the order of the trees. Item Z of NOTES.md ("Performance") was measured
-this way (``benchmarks/results/lookback_epochs*_h200.json``).
+by a one-off script of which this is the kept form (same cases and method; the JSON files
+``benchmarks/results/lookback_epochs*_h200.json`` are laid out differently).
 
 Usage (the trees hold ``rl_triton/`` and ``benchmarks/``, e.g. from ``git archive REV rl_triton
 benchmarks | tar -x -C DIR``; float32, Retrace with 4 actions):
