@@ -368,7 +368,7 @@ def _scratch(plan: _Plan, args: tuple) -> tuple:
         device = args[0].device
         agg_a = torch.empty((2, n, nk), dtype=acc, device=device)
         size = core.flag_buffer_size(n, nk, epochs)
-        flags = _lookback_flags(plan, device, size) if epochs else torch.zeros(size, dtype=torch.int32, device=device)
+        flags = _lookback_flags(plan, device, size) if epochs else _zero_flags(device, size)
         return ((agg_a, torch.empty_like(agg_a), flags, nk, 1),)
     _, n, nk, cpb, acc = split
     agg_a = torch.empty((n, nk), dtype=acc, device=args[0].device)
@@ -413,16 +413,21 @@ def _lookback_flags(plan: _Plan, device: torch.device, size: int) -> torch.Tenso
         if arena is None or arena[0].numel() - arena[1] < size:
             _ARENAS[index] = [_zeroed(device, max(_ARENA_SIZE, 2 * size)), 0]
     if not plan.cached:
-        return torch.zeros(size, dtype=torch.int32, device=device)
+        return _zero_flags(device, size)
     buf = plan.flags.get(stream)
     if buf is None:
-        buf = plan.flags[stream] = torch.zeros(size, dtype=torch.int32, device=device)
+        buf = plan.flags[stream] = _zero_flags(device, size)
     return buf
+
+
+def _zero_flags(device: torch.device, size: int) -> torch.Tensor:
+    """A zeroed flag buffer (the int32 of core.lookback's flags and epochs)."""
+    return torch.zeros(size, dtype=torch.int32, device=device)
 
 
 def _zeroed(device: torch.device, size: int) -> torch.Tensor:
     """Zeros on ``device``, waited for (an event on the current stream, not a device-wide sync)."""
-    buf = torch.zeros(size, dtype=torch.int32, device=device)
+    buf = _zero_flags(device, size)
     done = torch.cuda.Event()
     done.record(torch.cuda.current_stream(device))
     done.synchronize()
@@ -434,7 +439,7 @@ def _lease(device: torch.device, index: int, size: int) -> torch.Tensor:
     arena = _ARENAS.get(index)
     size = -(-size // core.EPOCH_LINE) * core.EPOCH_LINE  # whole 128-byte lines
     if arena is None or arena[0].numel() - arena[1] < size:
-        return torch.zeros(size, dtype=torch.int32, device=device)
+        return _zero_flags(device, size)
     buf = arena[0][arena[1] : arena[1] + size]
     if arena[1] == 0:
         _LEASED.append(arena[0])
