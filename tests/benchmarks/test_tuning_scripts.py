@@ -158,6 +158,7 @@ def test_tree_comparisons_plumbing():
     with pytest.raises(RuntimeError, match="T: "):
         modules_ab.run_child("raise SystemExit(3)", "T", [])
     compile(kernels_ab._CHILD, "kernels_ab child", "exec")
+    compile(modules_ab._CHILD, "modules_ab child", "exec")
     cases = kernels_ab.parse_cases("compute_gae:1x1048576, compute_vtrace:16X1024")
     assert cases == [("compute_gae", 1, 1048576), ("compute_vtrace", 16, 1024)]
 
