@@ -129,6 +129,8 @@ _KERNEL_KNOBS = (
     "_RETRACE_PIECES_MIN_AP",
     "_TICKET",
     "_MAXNREG",
+    "_SINGLE_MAXNREG",
+    "_EPOCH_MAX_BLOCKS",
     "_ROW_DIVISOR",
 )
 
@@ -182,7 +184,7 @@ def _layout_key(layout: launch.Layout, grouped: int) -> tuple:
         grouped,
         lookback,
         layout.window,
-        layout.maxnreg if lookback else None,
+        layout.maxnreg if lookback or layout.nk == 1 else None,
     )
 
 

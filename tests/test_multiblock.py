@@ -248,7 +248,7 @@ def test_lookback_register_caps(monkeypatch):
     assert options("gae", gae, 16, 1 << 20, torch.bfloat16) == [None]
     assert options("forward", fwd, 16, 1 << 20) == [72]
     assert options("forward", fwd, 1, 1 << 20) == [None, None]  # small launch: two passes
-    assert options("gae", gae, 4096, 512) == [None]  # single pass
+    assert options("gae", gae, 4096, 2048) == [None]  # single pass (test_single_pass_register_caps)
     assert options("gae", gae, 1, 1 << 20) == [None]  # 512 blocks: fewer than _SMALL_BLOCKS
     assert options("gae", gae, 4, 1 << 20) == [72]  # 2048 blocks
     assert options("vtrace", fused.vtrace_kernel, 1, 1 << 20) == [80]  # V-trace: capped at any size
@@ -256,6 +256,41 @@ def test_lookback_register_caps(monkeypatch):
     assert options("gae", gae, 16, 1 << 20) == [None]
     monkeypatch.setattr(launch, "_MAXNREG", 96)
     assert options("returns", fused.returns_kernel, 16, 1 << 20) == [96]
+
+
+def test_single_pass_register_caps(monkeypatch):
+    """Single-pass launches carry launch._SINGLE_CAPS' register caps where they were measured: GAE in
+    one-chunk programs of 512 steps and 4 warps, Retrace with 3-4 actions walking 1024-step chunks (and,
+    for 2-byte dtypes, in rows of 512 steps); float32 and 2-byte dtypes only. launch._SINGLE_MAXNREG
+    overrides them (0: none)."""
+    from rl_triton.kernels import fused
+
+    def options(layout, kernel=fused.gae_kernel, n=64):
+        plan = launch._scan_plan(kernel, n, torch.device("cpu"), {"ACC": None}, layout)
+        return [c.get("maxnreg") for _grid, c, _warps in plan.launches]
+
+    def gae(n, t, dtype=torch.float32):
+        return options(launch.scan_layout("gae", n, t, dtype), n=n)
+
+    def retrace(n, t, a=4, dtype=torch.float32):
+        return options(launch.retrace_layout(n, t, a, dtype).layout, fused.retrace_kernel, n)
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert gae(16384, 512, dtype) == gae(64, 300, dtype) == [48]
+        assert retrace(4096, 2048, 4, dtype) == retrace(8, 1100, 3, dtype) == [64]
+    assert gae(16384, 512, torch.float64) == retrace(4096, 2048, 4, torch.float64) == [None]
+    assert gae(4096, 2048) == gae(16384, 256) == gae(1024, 8) == [None]
+    assert options(launch.scan_layout("vtrace", 16384, 512)) == [None]
+    assert options(launch.scan_layout("returns", 16384, 512)) == [None]
+    assert retrace(16384, 512, 4, torch.bfloat16) == [64]
+    assert retrace(16384, 512, 4, torch.float32) == [None]  # float32 lost there
+    assert retrace(4096, 1024, 4, torch.bfloat16) == [None]  # one 1024-step chunk: not measured
+    assert retrace(4096, 2048, 8) == retrace(4096, 2048, 18) == retrace(4096, 2048, 2) == [None]
+    assert retrace(1 << 20, 8, 4, torch.bfloat16) == [None]
+    monkeypatch.setattr(launch, "_SINGLE_MAXNREG", 0)
+    assert gae(16384, 512) == retrace(4096, 2048) == [None]
+    monkeypatch.setattr(launch, "_SINGLE_MAXNREG", 96)
+    assert gae(4096, 2048) == retrace(16384, 512) == [96]
 
 
 def test_small_launch_policy(monkeypatch):

@@ -98,8 +98,13 @@ def test_flag_dtypes(path, flag_dtype):
 
 
 @pytest.mark.parametrize("dtype, atol, rtol", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300")])
+@pytest.mark.parametrize(
+    "shape",
+    [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300"), pytest.param((2, 1100), id="N2-T1100")],
+)
 def test_float_dtypes(path, shape, dtype, atol, rtol):
+    """Rows of 300 and 1100 steps, 4 actions: the register-capped programs on the GPU (launch._SINGLE_CAPS:
+    2-byte dtypes at 512 steps per row, float32 and 2-byte dtypes walking 1024-step chunks)."""
     args, kwargs = make_case(shape, device=path.device, dtype=dtype, flag_dtype=dtype, next_probs=True)
     check(FN, *args, **kwargs, atol=atol, rtol=rtol)
 

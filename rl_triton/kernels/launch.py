@@ -583,6 +583,25 @@ _ONE_CHUNK_BLOCKS = True
 _TICKET = False
 # Sweep override of _SPLIT_POLICY's register cap of float32 look-back blocks (0: no cap).
 _MAXNREG: int | None = None
+# Register caps (Triton's maxnreg) of single-pass programs, measured on the H200 (NOTES.md, "Performance", item
+# AA; kernel us, compiler's choice -> cap, two or three sweeps each, caps*_h200.json):
+# - GAE in programs of one 512-step chunk, 4 warps (rows of 257-512 steps): 48. The compiler kept 32 (bfloat16) or
+#   40 (float32) registers, 16 or 12 programs per SM; with room for 40-48 it schedules the loads better, at 10-12
+#   programs per SM: 16384x512 bfloat16 22.8-23.1 -> 21.9-22.1, float32 33.9-34.0 -> 32.6. The other kernels of
+#   that form did not gain (discounted returns lost: bfloat16 16.8 -> 17.6), nor did caps in longer programs
+#   (GAE 4096x2048 bfloat16 23.8 -> 26.2 at 48: spills).
+# - Retrace with 3-4 actions in 8-warp programs of 1024 steps (_RETRACE_SINGLE_MAXNREG): 64 instead of 78-79, 4
+#   programs per SM instead of 3, 4-6 registers spilled. Rows walked in 1024-step chunks: 4096x2048 bfloat16
+#   121.5-121.8 -> 102.7-102.8, 8192x4096 432.5-433.1 -> 367.3-368.3; float32 147.8-148.1 -> 144.7-145.1 and
+#   541.3-542.1 -> 534.6-535.2. One 512-step chunk per row, two rows per program (16384x512): bfloat16 86.4 ->
+#   82.9-83.2, but float32 130.7-131.0 -> 133.2-133.4, so 2-byte dtypes only there. 56 spilled more and 72 left
+#   3 programs per SM: both slower.
+# V-trace gained nothing from caps of 64-80 (8192x4096 bfloat16: 156.4-156.8 uncapped, 158.4-158.6 capped).
+# Measured with float32 and bfloat16 inputs only: float64 keeps the compiler's choice.
+_SINGLE_CAPS = {"gae": {(512, 4): 48}}
+_RETRACE_SINGLE_MAXNREG = 64
+# Sweep override of the caps of single-pass launches (0: none).
+_SINGLE_MAXNREG: int | None = None
 
 
 class Layout(NamedTuple):
@@ -648,10 +667,18 @@ def _layout(
     return Layout(tiles, nk, cpb, False)
 
 
+def _capped_dtype(dtype: torch.dtype | None) -> bool:
+    """Whether single-pass register caps (_SINGLE_CAPS) apply to inputs of ``dtype`` (None: float32)."""
+    return dtype is None or dtype == torch.float32 or dtype.itemsize == 2
+
+
 def scan_layout(kind: str, n: int, t: int, dtype: torch.dtype | None = None) -> Layout:
     """The layout of fused scan kernel ``kind`` (a key of _SCAN_POLICY and _SPLIT_POLICY)."""
     warps_for = functools.partial(_chunk_warps, kind, dtype=dtype)
-    return _layout(n, t, scan_tiles(kind, n, t, dtype), kind, warps_for, dtype)
+    layout = _layout(n, t, scan_tiles(kind, n, t, dtype), kind, warps_for, dtype)
+    if layout.nk == 1 and layout.cpb == 1 and _capped_dtype(dtype):  # single pass, one chunk per row
+        layout = layout._replace(maxnreg=_SINGLE_CAPS.get(kind, {}).get((layout.tiles.bt, layout.tiles.warps)))
+    return layout
 
 
 class ScanForm(NamedTuple):
@@ -686,7 +713,9 @@ def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached:
     constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
         one = cpb == 1 and _ONE_CHUNK  # rows of one chunk: loop-free (kernels/core.py, ONE)
-        launch = ((env_programs, 1), {**constexprs, "PHASE": 0, "ONE": one, "NKP": 1}, tiles.warps)
+        maxnreg = layout.maxnreg if _SINGLE_MAXNREG is None else _SINGLE_MAXNREG
+        options = {"maxnreg": maxnreg} if maxnreg else {}  # Triton's option, not a constexpr
+        launch = ((env_programs, 1), {**constexprs, "PHASE": 0, "ONE": one, "NKP": 1, **options}, tiles.warps)
         return _Plan(kernel, device, [launch], (0, cpb), cached)
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
@@ -804,6 +833,15 @@ def retrace_layout(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Retr
         assert t <= tiles.bt <= _ENV_MAJOR_MAX_BT
     layout = _layout(n, t, tiles, "retrace", _retrace_block_warps, dtype)
     if group >= 0:
+        if (
+            layout.nk == 1
+            and _capped_dtype(dtype)
+            and ap == _RETRACE_ACTIONS
+            and layout.tiles.warps == 8
+            and layout.tiles.bn * layout.tiles.bt == 1024
+            and (layout.cpb > 1 or (dtype.itemsize == 2 and layout.tiles.bt == 512))
+        ):
+            layout = layout._replace(maxnreg=_RETRACE_SINGLE_MAXNREG)  # see _SINGLE_CAPS
         return RetraceForm(layout, group, pieces)
     exact = _RETRACE_EXACT_T and t == tiles.bt and layout.nk == 1  # SHIFT and PI_TILE: exact rows only
     pi_tile = exact and _RETRACE_PI_TILE and not pieces
