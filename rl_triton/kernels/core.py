@@ -410,13 +410,18 @@ def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: 
 
 
 @triton.jit
-def row_length(T, TDIV: tl.constexpr):
+def row_length(T, TDIV: tl.constexpr, EXACT_T: tl.constexpr = False, BT: tl.constexpr = 1, PHASE: tl.constexpr = 0,
+               GROUPED: tl.constexpr = -4):  # fmt: skip
     """``T``, in a form from which the compiler knows it a multiple of ``TDIV`` (the launcher passes
     TDIV > 1 only where that holds: launch._row_divisor). Triton specialises an integer argument on
     divisibility by 16 only; from a multiple of 4 (or 8) it can prove 4-step rows 16-byte aligned and
     vectorise the loads and the masks against T. (T // TDIV) * TDIV is T, and its divisibility is
-    what the compiler's analysis derives from the multiplication."""
-    if TDIV > 1:
+    what the compiler's analysis derives from the multiplication. EXACT_T (single-pass env-major rows of
+    T == BT steps; launch.scan_form): the constexpr BT itself."""
+    if EXACT_T:
+        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
+        T = BT
+    elif TDIV > 1:
         T = (T // TDIV) * TDIV
     return T
 

@@ -85,10 +85,7 @@ def gae_kernel(
     EXACT_T: tl.constexpr = False,
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; launch._row_divisor)
 ):  # fmt: skip
-    if EXACT_T:
-        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
-        T = BT
-    T = core.row_length(T, TDIV)
+    T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -167,10 +164,7 @@ def vtrace_kernel(
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
 ):  # fmt: skip
-    if EXACT_T:
-        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
-        T = BT
-    T = core.row_length(T, TDIV)
+    T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
@@ -344,11 +338,8 @@ def retrace_kernel(
     PI_TILE: tl.constexpr = False,  # only where p_w is p_pt
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
 ):  # fmt: skip
-    if EXACT_T:
-        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
-        T = BT
     tl.static_assert(GROUPED == -4 or not SHIFT, "SHIFT: env-major rows of one chunk")
-    T = core.row_length(T, TDIV)
+    T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -405,10 +396,7 @@ def returns_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
-    if EXACT_T:
-        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
-        T = BT
-    T = core.row_length(T, TDIV)
+    T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
