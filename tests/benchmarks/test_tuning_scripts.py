@@ -3,7 +3,7 @@ the issue-target verdicts and table of benchmarks.targets, the policy override o
 benchmarks.tile_sweep, the probe kernel of benchmarks.scan_variants under the interpreter, and the
 two-launch stand-ins of benchmarks.fused_outputs, the raw kernel launch that
 benchmarks.host_overhead times, and the tree comparisons' plumbing (benchmarks.modules_ab,
-benchmarks.kernels_ab)."""
+benchmarks.kernels_ab), and the offline sm_90 compile of benchmarks.offline_sass."""
 
 import pytest
 import torch
@@ -169,3 +169,31 @@ def test_tree_comparisons_plumbing():
     lines = kernels_ab.report(cases, modules_ab.alternate(["a", "b"], 2, run))
     assert lines[0] == "gae                    1x1048576: 10.0 (0.500) / 10.0 (0.500)  |  12.5 (0.500) / 12.5 (0.500)"
     assert lines[1].startswith("vtrace                 16x1024: 20.0 (0.250)")
+
+
+def test_offline_sass_compiles_the_launch_plan_for_sm90(monkeypatch):
+    """benchmarks.offline_sass compiles the launches of a public call for sm_90 without a GPU (a child
+    process: the suite may run under TRITON_INTERPRET=1, whose kernels do not compile), with the
+    launcher's register cap (GAE's 512-step programs: launch._SINGLE_CAPS) reaching ptxas."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks import offline_sass
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "benchmarks.offline_sass", "gae", "64x512", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode != 0 and "ptxas" in proc.stderr:
+        pytest.skip(f"no working ptxas: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(proc.stdout)
+    assert row["kernel"] == "gae_kernel" and row["grid"] == [32, 1] and row["warps"] == 4
+    assert row["constexprs"]["BT"] == 512 and row["constexprs"]["maxnreg"] == 48
+    assert 0 < row["registers"] <= 48 and row["stack_bytes"] == 0
+    assert row["programs_per_sm"] == 65536 // (-(-row["registers"] // 8) * 8 * 128)
+    assert row["sass_instructions"] > 100 and sum(row["top_opcodes"].values()) <= row["sass_instructions"]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"), offline_sass.recorded_launches():
+        pass
