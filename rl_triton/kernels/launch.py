@@ -584,15 +584,15 @@ _TICKET = False
 # Sweep override of _SPLIT_POLICY's register cap of float32 look-back blocks (0: no cap).
 _MAXNREG: int | None = None
 # Register caps (Triton's maxnreg) of single-pass programs, measured on the H200 (NOTES.md, "Performance", item
-# AA; kernel us, compiler's choice -> cap, two or three sweeps each, caps*_h200.json):
+# AA; kernel us, compiler's choice -> cap, two or three sweeps each, benchmarks/results/tile_sweep_caps_h200.json):
 # - GAE in programs of one 512-step chunk, 4 warps (rows of 257-512 steps): 48. The compiler kept 32 (bfloat16) or
 #   40 (float32) registers, 16 or 12 programs per SM; with room for 40-48 it schedules the loads better, at 10-12
 #   programs per SM: 16384x512 bfloat16 22.8-23.1 -> 21.9-22.1, float32 33.9-34.0 -> 32.6. The other kernels of
 #   that form did not gain (discounted returns lost: bfloat16 16.8 -> 17.6), nor did caps in longer programs
-#   (GAE 4096x2048 bfloat16 23.8 -> 26.2 at 48: spills).
+#   (GAE 4096x2048 bfloat16 23.6-23.9 -> 26.0-26.2 at 48: spills).
 # - Retrace with 3-4 actions in 8-warp programs of 1024 steps (_RETRACE_SINGLE_MAXNREG): 64 instead of 78-79, 4
 #   programs per SM instead of 3, 4-6 registers spilled. Rows walked in 1024-step chunks: 4096x2048 bfloat16
-#   121.5-121.8 -> 102.7-102.8, 8192x4096 432.5-433.1 -> 367.3-368.3; float32 147.8-148.1 -> 144.7-145.1 and
+#   121.5-121.8 -> 102.7-102.8, 8192x4096 432.5-433.7 -> 367.3-368.3; float32 147.8-148.1 -> 144.7-145.1 and
 #   541.3-542.1 -> 534.6-535.2. One 512-step chunk per row, two rows per program (16384x512): bfloat16 86.4 ->
 #   82.9-83.2, but float32 130.7-131.0 -> 133.2-133.4, so 2-byte dtypes only there. 56 spilled more and 72 left
 #   3 programs per SM: both slower.
