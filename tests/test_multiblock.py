@@ -262,7 +262,7 @@ def test_single_pass_register_caps(monkeypatch):
     """Single-pass launches carry launch._SINGLE_CAPS' register caps where they were measured: GAE in
     one-chunk programs of 512 steps and 4 warps, Retrace with 3-4 actions walking 1024-step chunks (and,
     for 2-byte dtypes, in rows of 512 steps); float32 and 2-byte dtypes only. launch._SINGLE_MAXNREG
-    overrides them (0: none)."""
+    overrides them (0: none). A ROCm build of PyTorch launches without any cap (launch._CAPS)."""
     from rl_triton.kernels import fused
 
     def options(layout, kernel=fused.gae_kernel, n=64):
@@ -291,6 +291,9 @@ def test_single_pass_register_caps(monkeypatch):
     assert gae(16384, 512) == retrace(4096, 2048) == [None]
     monkeypatch.setattr(launch, "_SINGLE_MAXNREG", 96)
     assert gae(4096, 2048) == retrace(16384, 512) == [96]
+    monkeypatch.setattr(launch, "_CAPS", False)  # a ROCm build: Triton's AMD backend has no maxnreg option
+    assert gae(4096, 2048) == retrace(16384, 512) == [None]
+    assert options(launch.scan_layout("gae", 16, 1 << 20), n=16) == [None]
 
 
 def test_small_launch_policy(monkeypatch):

@@ -705,6 +705,16 @@ def scan_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
     return ScanForm(layout, group, True)
 
 
+# Register caps are Triton's `maxnreg` option, which its NVIDIA backend has and its AMD backend rejects (an
+# unrecognised keyword): a PyTorch built for ROCm launches without them.
+_CAPS = torch.version.hip is None
+
+
+def _cap_option(maxnreg: int | None) -> dict:
+    """The launch option of a register cap (Triton's, not a constexpr); none for None / 0 or without _CAPS."""
+    return {"maxnreg": maxnreg} if maxnreg and _CAPS else {}
+
+
 def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached: bool = False) -> _Plan:
     """The launches of a fused kernel: single pass, one-pass multi-block scan (PHASE 3-5, look-back) or
     two-pass multi-block scan (PHASE 1, then PHASE 2)."""
@@ -713,15 +723,14 @@ def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached:
     constexprs = {**constexprs, "BN": tiles.bn, "BT": tiles.bt}
     if nk == 1:
         one = cpb == 1 and _ONE_CHUNK  # rows of one chunk: loop-free (kernels/core.py, ONE)
-        maxnreg = layout.maxnreg if _SINGLE_MAXNREG is None else _SINGLE_MAXNREG
-        options = {"maxnreg": maxnreg} if maxnreg else {}  # Triton's option, not a constexpr
+        options = _cap_option(layout.maxnreg if _SINGLE_MAXNREG is None else _SINGLE_MAXNREG)
         launch = ((env_programs, 1), {**constexprs, "PHASE": 0, "ONE": one, "NKP": 1, **options}, tiles.warps)
         return _Plan(kernel, device, [launch], (0, cpb), cached)
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
     if layout.lookback:
         phase = 3 if _TICKET else 5 if n * nk <= _EPOCH_MAX_BLOCKS else 4
-        options = {} if layout.maxnreg is None else {"maxnreg": layout.maxnreg}  # Triton's option, not a constexpr
+        options = _cap_option(layout.maxnreg)
         launch = ((n * nk, 1), {**constexprs, "PHASE": phase, "ONE": one, "NKP": layout.window, **options}, tiles.warps)
         return _Plan(kernel, device, [launch], (3, n, nk, acc, phase == 5), cached)
     nkp = _pow2(nk)
