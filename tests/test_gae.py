@@ -95,8 +95,13 @@ def test_nonzero_flag_means_set(path):
 
 
 @pytest.mark.parametrize("dtype, atol, rtol", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300")])
+@pytest.mark.parametrize(
+    "shape",
+    [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300"), pytest.param((2, 1000), id="N2-T1000")],
+)
 def test_float_dtypes(path, shape, dtype, atol, rtol):
+    """Rows of 300 and 1000 steps: the register-capped one-chunk programs of 512 and 1024 steps on the GPU
+    (launch._SINGLE_CAPS) in every float dtype."""
     args, kwargs = make_case(shape, device=path.device, dtype=dtype, flag_dtype=dtype)
     check(FN, *args, **kwargs, atol=atol, rtol=rtol)
 

@@ -260,7 +260,7 @@ def test_lookback_register_caps(monkeypatch):
 
 def test_single_pass_register_caps(monkeypatch):
     """Single-pass launches carry launch._SINGLE_CAPS' register caps where they were measured: GAE in
-    one-chunk programs of 512 steps and 4 warps, Retrace with 3-4 actions walking 1024-step chunks (and,
+    one-chunk programs of 512 or 1024 steps and 4 warps, Retrace with 3-4 actions walking 1024-step chunks (and,
     for 2-byte dtypes, in rows of 512 steps); float32 and 2-byte dtypes only. launch._SINGLE_MAXNREG
     overrides them (0: none). A ROCm build of PyTorch launches without any cap (launch._CAPS)."""
     from rl_triton.kernels import fused
@@ -276,7 +276,7 @@ def test_single_pass_register_caps(monkeypatch):
         return options(launch.retrace_layout(n, t, a, dtype).layout, fused.retrace_kernel, n)
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        assert gae(16384, 512, dtype) == gae(64, 300, dtype) == [48]
+        assert gae(16384, 512, dtype) == gae(64, 300, dtype) == gae(8192, 1024, dtype) == gae(64, 1000, dtype) == [48]
         assert retrace(4096, 2048, 4, dtype) == retrace(8, 1100, 3, dtype) == [64]
     assert gae(16384, 512, torch.float64) == retrace(4096, 2048, 4, torch.float64) == [None]
     assert gae(4096, 2048) == gae(16384, 256) == gae(1024, 8) == [None]

@@ -585,11 +585,13 @@ _TICKET = False
 _MAXNREG: int | None = None
 # Register caps (Triton's maxnreg) of single-pass programs, measured on the H200 (NOTES.md, "Performance", item
 # AA; kernel us, compiler's choice -> cap, two or three sweeps each, benchmarks/results/tile_sweep_caps_h200.json):
-# - GAE in programs of one 512-step chunk, 4 warps (rows of 257-512 steps): 48. The compiler kept 32 (bfloat16) or
-#   40 (float32) registers, 16 or 12 programs per SM; with room for 40-48 it schedules the loads better, at 10-12
-#   programs per SM: 16384x512 bfloat16 22.8-23.1 -> 21.9-22.1, float32 33.9-34.0 -> 32.6. The other kernels of
-#   that form did not gain (discounted returns lost: bfloat16 16.8 -> 17.6), nor did caps in longer programs
-#   (GAE 4096x2048 bfloat16 23.6-23.9 -> 26.0-26.2 at 48: spills).
+# - GAE in programs of one 512- or 1024-step chunk, 4 warps (rows of 257-1024 steps): 48. The compiler kept 32
+#   (bfloat16) or 40 (float32) registers, 16 or 12 programs per SM; with room for 40-48 it schedules the loads
+#   better, at 10-12 programs per SM: 16384x512 bfloat16 22.8-23.1 -> 21.9-22.1, float32 33.9-34.0 -> 32.6; 64x512
+#   6.30 -> 5.86-5.92 (bfloat16 6.05 -> 5.54-5.60); 8192x1024 34.3-34.4 -> 32.5 (bfloat16 23.2 -> 22.2), 2048x1024
+#   13.8-13.9 -> 12.7, 64x1024 6.46-6.50 -> 5.92-5.95, 4096x1000 unchanged (20.0-20.1). The other kernels of those
+#   forms did not gain beyond 2% (discounted returns lost: bfloat16 16.8 -> 17.6 at 512 steps), nor did caps in
+#   longer programs (GAE 4096x2048 bfloat16 23.6-23.9 -> 26.0-26.2 at 48: spills).
 # - Retrace with 3-4 actions in 8-warp programs of 1024 steps (_RETRACE_SINGLE_MAXNREG): 64 instead of 78-79, 4
 #   programs per SM instead of 3, 4-6 registers spilled. Rows walked in 1024-step chunks: 4096x2048 bfloat16
 #   121.5-121.8 -> 102.7-102.8, 8192x4096 432.5-433.7 -> 367.3-368.3; float32 147.8-148.1 -> 144.7-145.1 and
@@ -598,7 +600,7 @@ _MAXNREG: int | None = None
 #   3 programs per SM: both slower.
 # V-trace gained nothing from caps of 64-80 (8192x4096 bfloat16: 156.4-156.8 uncapped, 158.4-158.6 capped).
 # Measured with float32 and bfloat16 inputs only: float64 keeps the compiler's choice.
-_SINGLE_CAPS = {"gae": {(512, 4): 48}}
+_SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}}
 _RETRACE_SINGLE_MAXNREG = 64
 # Sweep override of the caps of single-pass launches (0: none).
 _SINGLE_MAXNREG: int | None = None
