@@ -588,8 +588,8 @@ _MAXNREG: int | None = None
 # - GAE in programs of one 512- or 1024-step chunk, 4 warps (rows of 257-1024 steps): 48. The compiler kept 32
 #   (bfloat16) or 40 (float32) registers, 16 or 12 programs per SM; with room for 40-48 it schedules the loads
 #   better, at 10-12 programs per SM: 16384x512 bfloat16 22.8-23.1 -> 21.9-22.1, float32 33.9-34.0 -> 32.6; 64x512
-#   6.30 -> 5.86-5.92 (bfloat16 6.05 -> 5.54-5.60); 8192x1024 34.3-34.4 -> 32.5 (bfloat16 23.2 -> 22.2), 2048x1024
-#   13.8-13.9 -> 12.7, 64x1024 6.46-6.50 -> 5.92-5.95, 4096x1000 unchanged (20.0-20.1). The other kernels of those
+#   6.27-6.30 -> 5.82-5.92 (bfloat16 6.05 -> 5.54-5.60); 8192x1024 34.3-34.4 -> 32.5 (bfloat16 23.2 -> 22.2), 2048x1024
+#   13.8-13.9 -> 12.7, 64x1024 6.46-6.59 -> 5.92-6.02, 4096x1000 unchanged (20.0-20.1). The other kernels of those
 #   forms did not gain beyond 2% (discounted returns lost: bfloat16 16.8 -> 17.6 at 512 steps), nor did caps in
 #   longer programs (GAE 4096x2048 bfloat16 23.6-23.9 -> 26.0-26.2 at 48: spills).
 # - Retrace with 3-4 actions in 8-warp programs of 1024 steps (_RETRACE_SINGLE_MAXNREG): 64 instead of 78-79, 4
