@@ -86,20 +86,17 @@ def compile_sm90(kernel, args, options: dict, warps: int, maxnreg: int | None = 
     return triton_compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=opts.__dict__)
 
 
-def _cuobjdump() -> str:
-    import triton
-
-    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    return path if os.path.exists(path) else "cuobjdump"
-
-
 def sass_and_resources(cubin: bytes) -> tuple[str, dict]:
-    """(SASS text, {REG, STACK, SHARED, LOCAL, ...}) of a cubin, from cuobjdump."""
+    """(SASS text, {REG, STACK, SHARED, LOCAL, ...}) of a cubin, from the cuobjdump Triton ships (or the one
+    ``TRITON_CUOBJDUMP_PATH`` names: Triton's own lookup)."""
+    from triton import knobs
+
+    cuobjdump = knobs.nvidia.cuobjdump.path
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        res = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
     usage = {k: int(v) for k, v in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", res)}
