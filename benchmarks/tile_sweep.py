@@ -184,7 +184,7 @@ def _layout_key(layout: launch.Layout, grouped: int) -> tuple:
         grouped,
         lookback,
         layout.window,
-        layout.maxnreg if lookback or layout.nk == 1 else None,
+        layout.maxnreg,  # set by the launcher for look-back and single-pass layouts only
     )
 
 
