@@ -427,7 +427,17 @@ def row_length(T, TDIV: tl.constexpr, EXACT_T: tl.constexpr = False, BT: tl.cons
 
 
 @triton.jit
-def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
+def env_count(N, TM: tl.constexpr):
+    """``N``, in a form from which the compiler knows it a multiple of TM when TM > 1 (time-major rows
+    whose env count the launcher found a multiple of TM: steps then start 16-byte aligned and loads along the
+    envs vectorise; the same device as row_length's)."""
+    if TM > 1:
+        N = (N // TM) * TM
+    return N
+
+
+@triton.jit
+def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr, TM: tl.constexpr = 0):
     """The envs of this program: ids [BN], their mask, the offset of each row's first element (int64:
     N * T may exceed 2^31), the program's time block, and in PHASE 5 the row's look-back epoch (0
     otherwise), read here so that the load overlaps the inputs' (:func:`lookback`). In PHASE 3 the
@@ -435,7 +445,9 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
     the program ids: blocks take tickets in the order they start, so every block a program waits for
     has started. PHASE 4/5 is the same look-back numbered by program id instead (no atomic
     before the loads; relies on the GPU starting programs in the order of their ids, as CUB's
-    decoupled look-back does; the default, launch._TICKET)."""
+    decoupled look-back does; the default, launch._TICKET). TM: time-major rows (:func:`time_stride`),
+    whose first elements are the env ids themselves."""
+    N = env_count(N, TM)
     if PHASE >= 3:
         if PHASE == 3:
             v = tl.atomic_add(p_flag + N.to(tl.int64) * NK, 1)
@@ -452,15 +464,32 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr):
         i_n = tl.program_id(0)
         i_k = tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
-    return o_n, o_n < N, o_n.to(tl.int64) * T, i_k, epoch
+    if TM:
+        o_row = o_n.to(tl.int64)
+    else:
+        o_row = o_n.to(tl.int64) * T
+    return o_n, o_n < N, o_row, i_k, epoch
 
 
 @triton.jit
-def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr):
+def time_stride(N, TM: tl.constexpr):
+    """Elements between consecutive steps of a row: 1 for env-major rows (an [N, T] contiguous tensor, TM = 0),
+    N for time-major ones (TM >= 1: the (N, T) view ``x.T`` of a contiguous [T, N] tensor, as rollout buffers
+    of ``[num_steps, num_envs]`` give; N a multiple of TM: :func:`env_count`), int64 there since t * N may
+    exceed 2^31."""
+    if TM:
+        st = env_count(N, TM).to(tl.int64)
+    else:
+        st = 1
+    return st
+
+
+@triton.jit
+def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr, ST=1):
     """The ``i_p``-th chunk in processing order (the last chunk of the row first when REVERSE).
     Returns, shaped to broadcast against the tile ([BN, BT] plain, [G, BN, S] grouped, [BN, G, 4]
     env-major grouped): the time of each slot, the mask and element offsets (tile-shaped), and the
-    env ids and their mask."""
+    env ids and their mask. ST: the rows' :func:`time_stride`."""
     if REVERSE:
         i_c = tl.cdiv(T, BT) - 1 - i_p
     else:  # i_p in T's integer type: int64 for rows over 2^31 steps, where i_c * BT must not wrap
@@ -472,7 +501,7 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         o_t = (i_c * BT + o_g * GROUPED)[:, None, None] + tl.arange(0, GROUPED)[None, None, :]
         o_nb = o_n[None, :, None]
         m_nb = m_n[None, :, None]
-        off = o_row[None, :, None] + o_t
+        off = o_row[None, :, None] + o_t * ST
     elif GROUPED < 0:
         tl.static_assert(REVERSE and GROUPED == -4, "env-major groups: reverse recurrences, 4 steps")
         G: tl.constexpr = BT // 4
@@ -480,12 +509,12 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         o_t = (i_c * BT + (o_g * 4)[:, None] + tl.arange(0, 4)[None, :])[None, :, :]
         o_nb = o_n[:, None, None]
         m_nb = m_n[:, None, None]
-        off = o_row[:, None, None] + o_t
+        off = o_row[:, None, None] + o_t * ST
     else:
         o_t = (i_c * BT + tl.arange(0, BT))[None, :]
         o_nb = o_n[:, None]
         m_nb = m_n[:, None]
-        off = o_row[:, None] + o_t
+        off = o_row[:, None] + o_t * ST
     return o_t, m_nb & (o_t < T), off, o_nb, m_nb
 
 

@@ -51,12 +51,12 @@ def step_context(
 
 
 @triton.jit
-def next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: tl.constexpr):
-    """v_next_t: boot_t at boundary steps, values_{t+1} elsewhere; with NEXT_ALL, p_boot holds
-    V(s_{t+1}) for every step and is read everywhere."""
+def next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: tl.constexpr, ST=1):
+    """v_next_t: boot_t at boundary steps, values_{t+1} elsewhere (ST elements further on: the rows'
+    core.time_stride); with NEXT_ALL, p_boot holds V(s_{t+1}) for every step and is read everywhere."""
     if NEXT_ALL:
         return tl.load(p_boot + off, mask=m, other=0).to(ACC)
-    b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
+    b_v1 = tl.load(p_v + off + ST, mask=m & (b_bnd == 0), other=0).to(ACC)
     return tl.where(b_bnd != 0, b_boot, b_v1)
 
 
@@ -84,9 +84,11 @@ def gae_kernel(
     # and 8 are not) and vectorises the loads; as retrace_kernel's.
     EXACT_T: tl.constexpr = False,
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; launch._row_divisor)
+    TM: tl.constexpr = 0,  # time-major rows (core.time_stride; launch._tm)
 ):  # fmt: skip
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
@@ -94,13 +96,13 @@ def gae_kernel(
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
         )
         b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
         b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
-        b_vnext = next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL, ACC)
+        b_vnext = next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL, ACC, ST)
         b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
         b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
@@ -125,16 +127,16 @@ def vtrace_step(
     p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
     gamma, rho_bar, c_bar,
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
-    ACC: tl.constexpr,
+    ACC: tl.constexpr, ST=1,
 ):  # fmt: skip
     """V-trace prologue at the steps ``o_t``: (a, b) of D_t = b + a D_{t+1}, plus what the
-    epilogue needs (rho, r, v, term, boundary, v_next)."""
+    epilogue needs (rho, r, v, term, boundary, v_next). ST: the rows' core.time_stride."""
     b_term, b_trunc, b_bnd, b_boot = step_context(
         p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
     )
     b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
     b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
-    b_vnext = next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL, ACC)
+    b_vnext = next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL, ACC, ST)
     b_lpt = tl.load(p_lpt + off, mask=m, other=0).to(ACC)
     b_lpb = tl.load(p_lpb + off, mask=m, other=0).to(ACC)
     b_ratio = tl.exp(b_lpt - b_lpb)
@@ -163,9 +165,11 @@ def vtrace_kernel(
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
+    TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
 ):  # fmt: skip
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
@@ -174,10 +178,10 @@ def vtrace_kernel(
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST)
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T,
-            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC,
+            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC, ST,
         )  # fmt: skip
         b_a = tl.where(m, b_a, 1.0)
         b_b = tl.where(m, b_b, 0.0)
@@ -189,7 +193,7 @@ def vtrace_kernel(
         b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
         b_Ablk *= b_Ac
         if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
-            b_v1 = tl.load(p_v + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
+            b_v1 = tl.load(p_v + off + ST, mask=m & (b_bnd == 0), other=0).to(ACC)
         else:
             b_v1 = b_vnext
         b_q = tl.where(b_bnd != 0, b_vnext, b_v1 + b_d1)  # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer
@@ -394,10 +398,12 @@ def returns_kernel(
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
+    TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
@@ -405,7 +411,7 @@ def returns_kernel(
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_boot, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, False, ACC
         )
@@ -458,10 +464,12 @@ def forward_trace_kernel(
     BT: tl.constexpr,
     NKP: tl.constexpr,
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
+    TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
     T = core.row_length(T, TDIV)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    ST = core.time_stride(N, TM)
     scale = hp_scalar(scale_hi, scale_lo, ACC)
     c_lo, c_hi, c_off, b_Apre, b_carry, b_Ablk = block_begin(
         p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
@@ -472,11 +480,11 @@ def forward_trace_kernel(
         if PHASE == 0 or PHASE == 2:  # the state entering the block: (A, B) of the blocks before it, on the seed
             b_carry += b_Apre * b_seed
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, False, False)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, False, False, ST)
         if STARTS_AT:
             b_done = load_flag(p_done, off, m, ACC)
         else:
-            b_done = load_flag(p_done, off - 1, m & (o_t >= 1), ACC)
+            b_done = load_flag(p_done, off - ST, m & (o_t >= 1), ACC)
         b_a = tl.where(m, scale * (1 - b_done), 1.0)
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
