@@ -89,6 +89,10 @@ def run(
         return tuple(p.new_output() for _ in range(n_out))
     kernels = use_kernels(p.device, p.device_type or None)
     grad = kernels and _needs_grad(p.tensors, differentiable)
+    if p.time_major and (grad or not kernels):
+        # the PyTorch forms (and autograd's backward) take contiguous rows; the kernel reads the
+        # time-major ones in place (the same values)
+        return run(p.contiguous(), algo, scalars, kernel, differentiable, n_out)
     if p.shaped and (grad or not kernels):
         # the PyTorch forms (and autograd's backward) need the (N, T) views
         shape, rows = p.like.shape, (p.num_envs, p.seq_len)

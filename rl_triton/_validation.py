@@ -4,7 +4,8 @@ Every public ``compute_*`` function funnels its tensors through :func:`prepare`,
 ranks, shapes, devices and dtypes (raising ``ValueError``/``TypeError`` that name the argument),
 turns 1-D calls into one-env 2-D calls, and makes each tensor contiguous (warning when that copies
 and ``RL_TRITON_PERF_WARNINGS`` is set). Flags are kept in their stored dtype (the kernels read ``bool``
-flags as bytes).
+flags as bytes). Time-major calls (:func:`_time_major`) keep their per-step tensors as they are: the
+kernels read them in place.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class Prepared:
     # (num_envs, seq_len) view (prepare's ``rows``): the kernels read them as they are, everything
     # else takes the view (:meth:`as_rows`).
     shaped: bool = False
+    # Every per-step tensor is the (num_envs, seq_len) view x.T of a contiguous (seq_len, num_envs)
+    # tensor (:func:`_time_major`), kept as it is: the kernels read it in place, outputs are allocated
+    # in the same layout, and the PyTorch path and autograd take contiguous copies (:meth:`contiguous`).
+    time_major: bool = False
 
     @property
     def acc_dtype(self) -> torch.dtype:
@@ -67,6 +72,16 @@ class Prepared:
 
     def finish(self, out: torch.Tensor) -> torch.Tensor:
         return out.squeeze(0) if self.squeeze else out
+
+    def contiguous(self) -> Prepared:
+        """This call with contiguous per-step tensors (copies of a time-major call's)."""
+        if not self.time_major:
+            return self
+        tensors = {n: None if t is None else _contiguous(n, t) for n, t in self.tensors.items()}
+        return Prepared(
+            self.fn, self.num_envs, self.seq_len, self.dtype, self.device, self.squeeze, tensors, self.num_actions,
+            self.plans, self.device_type, None if self.like is None else self.like.contiguous(),
+        )  # fmt: skip
 
     def as_rows(self) -> Prepared:
         """This call with its per-step tensors as ``(num_envs, seq_len)`` views (a ``shaped`` call's
@@ -129,6 +144,28 @@ def _kernel_view(t: torch.Tensor, squeeze: bool) -> torch.Tensor:
     return t.unsqueeze(0) if squeeze else t
 
 
+# Time-major calls (Prepared.time_major): rollout buffers are often [num_steps, num_envs] (one row per step,
+# as a vectorised environment returns them), and ``buffer.T`` is the (num_envs, seq_len) view the functions
+# take, with strides (1, num_envs). The fused kernels of every function but Retrace read such rows in place
+# (kernels/core.py, time_stride) instead of a contiguous copy of each input and a transposed output.
+# TIME_MAJOR = False: always copy (tests, sweeps).
+TIME_MAJOR = True
+
+
+def _is_time_major(t: torch.Tensor) -> bool:
+    """Whether ``t`` is the (N, T) view x.T of a contiguous (T, N) tensor, and not contiguous itself."""
+    return t.dim() == 2 and t.stride() == (1, t.shape[0]) and not t.is_contiguous()
+
+
+def _time_major(steps: dict, flags: dict, per_action: dict, actions) -> bool:
+    """Whether a call runs time-major: every per-step tensor and flag given is a time-major view
+    (:func:`_is_time_major`) and there are no per-action tensors (Retrace reads its rows contiguous)."""
+    if not TIME_MAJOR or actions is not None or any(t is not None for t in per_action.values()):
+        return False
+    given = [t for g in (steps, flags) for t in g.values() if t is not None]
+    return bool(given) and all(_is_time_major(t) for t in given)
+
+
 def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | None:
     """The kernels' view of a validated tensor (:func:`_kernel_view`), made contiguous first."""
     if t is None:
@@ -144,8 +181,9 @@ def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | 
 # entry keeps the call's launch plans (kernels/launch.py), so a hit skips the launch decisions too.
 #
 # An entry is (num_envs, seq_len, dtype, device, squeeze, num_actions, device type, like, shaped,
-# plans): ``like`` names the input outputs are allocated like (Prepared.like), ``shaped`` is
-# Prepared.shaped.
+# time_major, plans): ``like`` names the input outputs are allocated like (Prepared.like), ``shaped``
+# and ``time_major`` are Prepared's. Time-major tensors are keyed with a fifth element; a call whose
+# tensors mix both layouts copies, and is not cached.
 _CACHE: dict = {}
 _CACHE_MAX = 512
 
@@ -200,8 +238,13 @@ def prepare(
         for _name, t in items:
             if t is None:
                 key.append(None)
-            elif type(t) is torch.Tensor and t.is_contiguous():
+            elif type(t) is not torch.Tensor:
+                key = None
+                break
+            elif t.is_contiguous():
                 key.append((t.shape, t.dtype, t.device, not t.data_ptr() & 15))
+            elif rows is None and _is_time_major(t):
+                key.append((t.shape, t.dtype, t.device, not t.data_ptr() & 15, True))
             else:
                 key = None
                 break
@@ -209,11 +252,11 @@ def prepare(
             key = tuple(key)
             meta = _CACHE.get(key)
             if meta is not None:
-                num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, like, shaped, plans = meta
+                num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, like, shaped, tm, plans = meta
                 tensors = _viewed(items, squeeze)
                 return Prepared(
                     fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans, device_type,
-                    None if like is None else tensors[like], shaped,
+                    None if like is None else tensors[like], shaped, tm,
                 )  # fmt: skip
     vsteps, vflags = steps, flags
     if rows is not None:
@@ -221,8 +264,17 @@ def prepare(
             raise ValueError(f"{fn}: rows= takes per-step tensors and flags only")
         vsteps, vflags = ({n: _as_rows(t, rows) for n, t in g.items()} for g in (steps, flags))
     out = _prepare(
-        fn, steps=vsteps, flags=vflags, per_env=per_env, per_action=per_action, actions=actions, required=required
+        fn,
+        steps=vsteps,
+        flags=vflags,
+        per_env=per_env,
+        per_action=per_action,
+        actions=actions,
+        required=required,
+        time_major=rows is None,
     )
+    if key is not None and not out.time_major and any(k is not None and len(k) == 5 for k in key[3:]):
+        key = None  # time-major tensors copied (mixed layouts): a hit would skip the copies
     if key is not None:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
@@ -235,7 +287,7 @@ def prepare(
             out.shaped = True
         _CACHE[key] = (
             out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.device_type, like,
-            out.shaped, out.plans,
+            out.shaped, out.time_major, out.plans,
         )  # fmt: skip
     return out
 
@@ -249,6 +301,7 @@ def _prepare(
     per_action: dict[str, torch.Tensor | None] | None = None,
     actions: tuple[str, torch.Tensor] | None = None,
     required: tuple[str, ...] = (),
+    time_major: bool = False,
 ) -> Prepared:
     """Validates and normalises the tensors of one call.
 
@@ -256,7 +309,8 @@ def _prepare(
     ``flags`` are per-step flags of any dtype; ``per_env`` float tensors of shape (N,) (or () for
     1-D calls); ``per_action`` float tensors of shape (N, T, A); ``actions`` an integer (N, T)
     tensor indexing the last dim of the ``per_action`` tensors. ``required`` names arguments that
-    must not be None.
+    must not be None. ``time_major``: a call whose per-step tensors are all time-major views
+    (:func:`_time_major`) keeps them as they are (Prepared.time_major).
     """
     per_env = per_env or {}
     per_action = per_action or {}
@@ -353,8 +407,10 @@ def _prepare(
                 )
         everything[name] = act
 
+    out.time_major = time_major and not squeeze and _time_major(steps, flags, per_action, actions)
+    in_place = {**steps, **flags} if out.time_major else {}
     for name, t in everything.items():
-        out.tensors[name] = _layout(name, t, squeeze)
+        out.tensors[name] = t if name in in_place else _layout(name, t, squeeze)
     like = _first_given(steps)
     out.like = None if like is None else out.tensors[like]
     return out

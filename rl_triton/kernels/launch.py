@@ -707,6 +707,59 @@ def scan_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
     return ScanForm(layout, group, True)
 
 
+# Time-major rows (Prepared.time_major; kernels/core.py, time_stride): consecutive steps of a row are N elements
+# apart and consecutive envs adjacent, so a program takes a block of envs (_TM_MIN_ENVS at least: whole 128-byte
+# lines of float32 at each step) and walks time in chunks of at most _TM_BT steps; rows of at most
+# _ENV_MAJOR_MAX_BT steps take env-major groups (a thread holds its env's whole row), longer ones group-major
+# tiles (GAE, V-trace, the returns) or plain ones (the forward scans). Rows split into time blocks as
+# contiguous rows do when the env blocks are too few to fill the GPU (the two-pass split: PHASE 1 and 2;
+# the look-back takes one env per program). _TM_BT, _TM_BLOCK (elements per chunk), _TM_WARPS and
+# _TM_GROUP: the policy (sweep overrides).
+_TM_MIN_ENVS = 32
+_TM_BT = 64
+_TM_BLOCK = 2048
+_TM_WARPS = 4
+_TM_GROUP = 4
+_TM_NDIV: dict | int = {"returns": 1, "forward": 1}
+
+
+def time_major_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
+    """Layout and tile form of fused scan kernel ``kind`` on time-major rows."""
+    bt = min(_TM_BT, max(4, _pow2(t)))
+    bn = min(max(_TM_MIN_ENVS, _TM_BLOCK // bt), max(_TM_MIN_ENVS, _pow2(n)))
+    if kind == "forward":
+        group = 0
+    elif bt <= _ENV_MAJOR_MAX_BT:
+        group = -4
+    else:
+        group = _TM_GROUP
+    tiles = Tiles(bn, bt, _TM_WARPS)
+    nk, cpb = _time_blocks(_cdiv(n, bn), _cdiv(t, bt))
+    return ScanForm(Layout(tiles, nk, cpb, False), group)
+
+
+def _form(kind: str, p) -> ScanForm:
+    """The layout and tile form of a call of fused scan kernel ``kind``."""
+    if p.time_major:
+        return time_major_form(kind, p.num_envs, p.seq_len, p.dtype)
+    return scan_form(kind, p.num_envs, p.seq_len, p.dtype)
+
+
+def _tm(p, kind: str) -> int:
+    """The TM constexpr of a call of fused scan kernel ``kind``: 0 for env-major rows; for time-major ones the
+    largest of _TM_NDIV[kind] (default 8), 4, 2, 1 that divides the env count (core.env_count: with float32 envs
+    in 4s every step starts 16-byte aligned, and loads along the envs vectorise)."""
+    if not p.time_major:
+        return 0
+    most = _TM_NDIV.get(kind, 8) if isinstance(_TM_NDIV, dict) else _TM_NDIV
+    return next(d for d in (most, 4, 2, 1) if d <= most and p.num_envs % d == 0)
+
+
+def _tdiv(p, exact: bool = False) -> int:
+    """The TDIV constexpr of a call (1 for time-major rows, whose loads run along the envs)."""
+    return 1 if p.time_major else _row_divisor(p.seq_len, exact)
+
+
 # Register caps are Triton's `maxnreg` option, which its NVIDIA backend has and its AMD backend rejects (an
 # unrecognised keyword): a PyTorch built for ROCm launches without them.
 _CAPS = torch.version.hip is None
@@ -753,11 +806,11 @@ def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool, **ext
     bootstrap values, last value), the next-values form and the tile forms (``extra``: further
     constexprs)."""
     t = p.tensors
-    form = scan_form(kind, p.num_envs, p.seq_len, p.dtype)
+    form = _form(kind, p)
     constexprs = dict(
         HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, **extra, ACC=_acc(p.dtype),
-        GROUPED=form.group, EXACT_T=form.exact_t, TDIV=_row_divisor(p.seq_len, form.exact_t),
+        GROUPED=form.group, EXACT_T=form.exact_t, TDIV=_tdiv(p, form.exact_t), TM=_tm(p, kind),
     )  # fmt: skip
     return _scan_plan(kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
@@ -899,11 +952,11 @@ def returns(p, gamma: float, lambda_: float, adv: bool = False):
 
     def build(cached: bool) -> _Plan:
         kind = "returns" if t.get("next_values") is None else "returns_nv"
-        form = scan_form(kind, p.num_envs, p.seq_len, p.dtype)
+        form = _form(kind, p)
         constexprs = dict(
             HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
             HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype), GROUPED=form.group,
-            EXACT_T=form.exact_t, TDIV=_row_divisor(p.seq_len, form.exact_t),
+            EXACT_T=form.exact_t, TDIV=_tdiv(p, form.exact_t), TM=_tm(p, kind),
         )  # fmt: skip
         return _scan_plan(fused.returns_kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
@@ -924,9 +977,9 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
     def build(cached: bool) -> _Plan:
         constexprs = dict(
             STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype),
-            TDIV=_row_divisor(p.seq_len),
+            TDIV=_tdiv(p), TM=_tm(p, "forward"),
         )  # fmt: skip
-        layout = scan_layout("forward", p.num_envs, p.seq_len, p.dtype)
+        layout = _form("forward", p).layout
         return _scan_plan(fused.forward_trace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(
