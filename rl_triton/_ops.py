@@ -101,7 +101,8 @@ def _call(
 def _(name, t0, t1, t2, t3, t4, t5, t6, t7, t8, f0, f1, f2, f3, option):
     fn, t_names, _, _, like, n_out = _REGISTRY[name]
     ref = [t0, t1, t2, t3, t4, t5, t6, t7, t8][t_names.index(like)]
-    return [torch.empty_like(ref) for _ in range(n_out)]
+    # contiguous, as _call makes its outputs (empty_like alone would keep the strides of a transposed input)
+    return [torch.empty_like(ref, memory_format=torch.contiguous_format) for _ in range(n_out)]
 
 
 def _autograd_dispatch():
