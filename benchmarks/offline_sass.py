@@ -120,14 +120,15 @@ def programs_per_sm(registers: int, warps: int, shared: int) -> int:
     return min(by_regs, SM_THREADS // threads, SM_PROGRAMS, by_shared)
 
 
-_SHOWN = ("BN", "BT", "GROUPED", "PHASE", "ONE", "NKP", "EXACT_T", "TDIV", "maxnreg")
+_SHOWN = ("BN", "BT", "GROUPED", "PHASE", "ONE", "NKP", "EXACT_T", "TDIV", "TM", "maxnreg")
 
 
 def report(fn: str, n: int, t: int, dtype: torch.dtype, form: str = "primary", maxnreg: int | None = None,
-           dump: str | None = None) -> list[dict]:  # fmt: skip
-    """One row per launch of ``fn``'s ``form`` call (benchmarks.specs) at (n, t) in ``dtype``."""
+           dump: str | None = None, time_major: bool = False) -> list[dict]:  # fmt: skip
+    """One row per launch of ``fn``'s ``form`` call (benchmarks.specs) at (n, t) in ``dtype`` (on
+    time-major views with ``time_major``)."""
     spec = specs.SPECS[specs.resolve(fn)[0]]
-    x = specs.Inputs(n, t, dtype, torch.device("cpu"))
+    x = specs.Inputs(n, t, dtype, torch.device("cpu"), time_major)
     with recorded_launches() as rec, torch.no_grad():
         spec.call(form)(x)
     rows = []
@@ -168,12 +169,13 @@ def main() -> None:
     ap.add_argument("--actions", type=int, default=None, help="Retrace's number of actions (default 4)")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap for every launch (0: none)")
     ap.add_argument("--dump", default=None, help="write PREFIX.sass, .ptx and .ttgir")
+    ap.add_argument("--time-major", action="store_true", help="inputs as x.T views of [T, N] tensors")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.actions:
         specs.NUM_ACTIONS = a.actions
     n, t = (int(v) for v in a.shape.lower().split("x"))
-    rows = report(a.function, n, t, getattr(torch, a.dtype), a.form, a.maxnreg, a.dump)
+    rows = report(a.function, n, t, getattr(torch, a.dtype), a.form, a.maxnreg, a.dump, a.time_major)
     if a.json:
         print(json.dumps(rows, indent=1))
         return

@@ -71,12 +71,15 @@ def _key_seed(key: str) -> int:
 
 class Inputs:
     """Rollout tensors of one configuration, created on first use (each from its own seeded
-    generator, so the data does not depend on which keys were requested before)."""
+    generator, so the data does not depend on which keys were requested before). ``time_major``:
+    the (N, T) per-step tensors are views ``x.T`` of contiguous (T, N) ones, as a ``[num_steps,
+    num_envs]`` rollout buffer gives (the same values as without)."""
 
     FLOATS = ("r", "v", "nv", "last", "lpt", "lpb", "probs", "mu", "q", "nq", "logits")
 
-    def __init__(self, n: int, t: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, n: int, t: int, dtype: torch.dtype, device: torch.device, time_major: bool = False):
         self.n, self.t, self.dtype, self.device = n, t, dtype, torch.device(device)
+        self.time_major = time_major
         self._cache: dict[str, torch.Tensor] = {}
 
     def _gen(self, key: str) -> torch.Generator:
@@ -120,7 +123,10 @@ class Inputs:
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self._cache:
-            self._cache[key] = self._make(key)
+            x = self._make(key)
+            if self.time_major and x.dim() == 2:
+                x = x.T.contiguous().T
+            self._cache[key] = x
         return self._cache[key]
 
     def nbytes(self, keys) -> int:
