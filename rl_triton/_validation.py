@@ -159,11 +159,16 @@ def _is_time_major(t: torch.Tensor) -> bool:
 
 def _time_major(steps: dict, flags: dict, per_action: dict, actions) -> bool:
     """Whether a call runs time-major: every per-step tensor and flag given is a time-major view
-    (:func:`_is_time_major`) and there are no per-action tensors (Retrace reads its rows contiguous)."""
+    (:func:`_is_time_major`), there are no per-action tensors (Retrace reads its rows contiguous), and the
+    launcher reads rows of this shape in place (kernels/launch.py, time_major_in_place)."""
     if not TIME_MAJOR or actions is not None or any(t is not None for t in per_action.values()):
         return False
     given = [t for g in (steps, flags) for t in g.values() if t is not None]
-    return bool(given) and all(_is_time_major(t) for t in given)
+    if not given or not all(_is_time_major(t) for t in given):
+        return False
+    from .kernels import launch  # imports Triton: only for calls that are time-major
+
+    return launch.time_major_in_place(*given[0].shape)
 
 
 def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | None:

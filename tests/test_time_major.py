@@ -127,3 +127,13 @@ def test_form_policy():
     assert launch.time_major_form("forward", 4096, 512, torch.float32).group == 0
     long = launch.time_major_form("gae", 64, 4096, torch.float32)
     assert long.layout.nk > 1 and not long.layout.lookback
+    assert launch.time_major_in_place(64, 2048) and not launch.time_major_in_place(16, 262144)
+
+
+def test_long_rows_copy(path):
+    """Rows that would split into more than _TM_MAX_SPLIT time blocks are copied contiguous (the
+    look-back serves them) instead of read in place."""
+    kwargs = valid_kwargs("compute_discounted_returns", (3, 2100), device=path.device)
+    assert not launch.time_major_in_place(3, 2100)
+    out = check("compute_discounted_returns", **{k: _tm(v) for k, v in kwargs.items()}, **F32_TOL)[0]
+    assert out.is_contiguous()

@@ -721,6 +721,14 @@ _TM_BLOCK = 2048
 _TM_WARPS = 4
 _TM_GROUP = 4
 _TM_NDIV: dict | int = {"returns": 1, "forward": 1}
+_TM_MAX_SPLIT = 32
+
+
+def time_major_in_place(n: int, t: int) -> bool:
+    """Whether time-major rows of (n, t) are read in place (else the validation copies them contiguous): not
+    where they would split into more than _TM_MAX_SPLIT time blocks (few envs, long rows: there the
+    two-pass split's second pass folds that many aggregates per row, and contiguous rows take the look-back)."""
+    return time_major_form("gae", n, t, torch.float32).layout.nk <= _TM_MAX_SPLIT
 
 
 def time_major_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:

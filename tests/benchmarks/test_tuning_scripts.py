@@ -9,7 +9,16 @@ import pytest
 import torch
 
 import rl_triton as R
-from benchmarks import fused_outputs, host_overhead, kernels_ab, modules_ab, scan_variants, targets, tile_sweep
+from benchmarks import (
+    fused_outputs,
+    host_overhead,
+    kernels_ab,
+    modules_ab,
+    scan_variants,
+    targets,
+    tile_sweep,
+    time_major,
+)
 from rl_triton.kernels import launch
 
 
@@ -197,3 +206,9 @@ def test_offline_sass_compiles_the_launch_plan_for_sm90(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"), offline_sass.recorded_launches():
         pass
+
+
+def test_time_major_knobs_exist():
+    """benchmarks.time_major overrides these launch knobs (a renamed knob would be set without effect)."""
+    assert all(hasattr(launch, k) for k in time_major.KNOBS)
+    assert [s for s in time_major.SHAPES.split(",") if len(s.split("x")) != 2] == []
