@@ -714,20 +714,29 @@ def scan_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
 # tiles (GAE, V-trace, the returns) or plain ones (the forward scans). Rows split into time blocks as
 # contiguous rows do when the env blocks are too few to fill the GPU (the two-pass split: PHASE 1 and 2;
 # the look-back takes one env per program). _TM_BT, _TM_BLOCK (elements per chunk), _TM_WARPS and
-# _TM_GROUP: the policy (sweep overrides).
+# _TM_GROUP: the policy (sweep overrides). _TM_NDIV: the env-count divisor the kernels may assume (core.env_count;
+# 8 lets float32 loads along the envs vectorise; the returns and the forward scans were faster with scalar loads).
+# Measured on the H200 (python -m benchmarks.time_major; NOTES.md "Time-major rollout buffers";
+# benchmarks/results/time_major*_h200.json), float32 kernel us, copy path -> in place (contiguous inputs): GAE
+# 4096x24 13.3 -> 7.3 (5.8), 4096x512 58.6 -> 21.7 (12.6), 4096x2048 217.6 -> 87.0 (35.4); V-trace 4096x2048 360.3
+# -> 143.1 (57.8). No variant of the sweeps (blocks of 8-64 envs, chunks of 16-256 steps, 4 or 8 warps, plain
+# tiles, scalar loads) won at every shape; the policy is the best overall.
 _TM_MIN_ENVS = 32
 _TM_BT = 64
 _TM_BLOCK = 2048
 _TM_WARPS = 4
 _TM_GROUP = 4
 _TM_NDIV: dict | int = {"returns": 1, "forward": 1}
-_TM_MAX_SPLIT = 32
+_TM_MAX_SPLIT = 128
 
 
 def time_major_in_place(n: int, t: int) -> bool:
     """Whether time-major rows of (n, t) are read in place (else the validation copies them contiguous): not
-    where they would split into more than _TM_MAX_SPLIT time blocks (few envs, long rows: there the
-    two-pass split's second pass folds that many aggregates per row, and contiguous rows take the look-back)."""
+    where they would split into more than _TM_MAX_SPLIT time blocks (few envs, long rows: the two-pass split's
+    second pass folds that many aggregates per row, and contiguous rows take the look-back). Measured on the
+    H200 (time_major_split_h200.json; float32 us, in place vs copy path): 128 blocks (32x8192, 256x8192) 13.1-49.6
+    vs 15.4-102.6, all four functions faster in place; 256 (64x16384) GAE and V-trace faster, the discounted
+    returns and traces slower (27.6-31.4 vs 24.3-24.4); 1024 (16x262,144) 525-631 vs 54-144."""
     return time_major_form("gae", n, t, torch.float32).layout.nk <= _TM_MAX_SPLIT
 
 
