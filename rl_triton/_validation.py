@@ -269,15 +269,9 @@ def prepare(
             raise ValueError(f"{fn}: rows= takes per-step tensors and flags only")
         vsteps, vflags = ({n: _as_rows(t, rows) for n, t in g.items()} for g in (steps, flags))
     out = _prepare(
-        fn,
-        steps=vsteps,
-        flags=vflags,
-        per_env=per_env,
-        per_action=per_action,
-        actions=actions,
-        required=required,
+        fn, steps=vsteps, flags=vflags, per_env=per_env, per_action=per_action, actions=actions, required=required,
         time_major=rows is None,
-    )
+    )  # fmt: skip
     if key is not None and not out.time_major and any(k is not None and len(k) == 5 for k in key[3:]):
         key = None  # time-major tensors copied (mixed layouts): a hit would skip the copies
     if key is not None:
