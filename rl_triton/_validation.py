@@ -78,9 +78,11 @@ class Prepared:
         if not self.time_major:
             return self
         tensors = {n: None if t is None else _contiguous(n, t) for n, t in self.tensors.items()}
+        like = next((tensors[n] for n, t in self.tensors.items() if t is self.like), None)
+        # no launch plans: they are the time-major launches', and this form never launches them
         return Prepared(
             self.fn, self.num_envs, self.seq_len, self.dtype, self.device, self.squeeze, tensors, self.num_actions,
-            self.plans, self.device_type, None if self.like is None else self.like.contiguous(),
+            None, self.device_type, like,
         )  # fmt: skip
 
     def as_rows(self) -> Prepared:

@@ -87,6 +87,7 @@ def test_decision():
     assert hit.time_major and hit.plans is p.plans
     contiguous = p.contiguous()
     assert not contiguous.time_major and all(t.is_contiguous() for t in contiguous.tensors.values())
+    assert contiguous.like is contiguous.tensors["rewards"] and contiguous.plans is None
     _validation.TIME_MAJOR = False
     try:
         _validation.clear_cache()
