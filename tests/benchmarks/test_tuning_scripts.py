@@ -212,3 +212,35 @@ def test_time_major_knobs_exist():
     """benchmarks.time_major overrides these launch knobs (a renamed knob would be set without effect)."""
     assert all(hasattr(launch, k) for k in time_major.KNOBS)
     assert [s for s in time_major.SHAPES.split(",") if len(s.split("x")) != 2] == []
+
+
+_TM_COMPILES = [
+    ("gae", 4096, 24), ("vtrace", 4096, 24), ("returns", 4096, 24), ("lambda", 4096, 24), ("traces", 4096, 24),
+    ("gae", 4096, 8), ("vtrace", 4096, 8), ("gae", 64, 2048), ("prefix", 64, 2048),
+]  # fmt: skip
+
+
+def test_time_major_launches_compile_for_sm90():
+    """The time-major forms of every kernel but Retrace compile for sm_90 (offline, no GPU): group-major and
+    env-major tiles, the forward scans' plain tiles, the two-pass split. The interpreter runs the kernels as
+    Python, so it cannot catch what only Triton's compiler rejects (such as a constexpr branch returning tiles
+    of another shape: found on the GPU, NOTES.md "Time-major rollout buffers")."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import json, torch\nfrom benchmarks import offline_sass\n"
+        f"rows = [r for fn, n, t in {_TM_COMPILES!r} for r in offline_sass.report(fn, n, t, torch.float32, "
+        "time_major=True)]\nprint(json.dumps(rows))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0 and "ptxas" in proc.stderr:
+        pytest.skip(f"no working ptxas: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert all(r["constexprs"]["TM"] >= 1 and r["registers"] > 0 and r["stack_bytes"] == 0 for r in rows)
+    assert {r["constexprs"].get("GROUPED") for r in rows} >= {4, -4, None}  # None: the forward kernel's plain tiles
+    assert {r["constexprs"]["PHASE"] for r in rows} == {0, 1, 2}
