@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -80,10 +80,7 @@ class Prepared:
         tensors = {n: None if t is None else _contiguous(n, t) for n, t in self.tensors.items()}
         like = next((tensors[n] for n, t in self.tensors.items() if t is self.like), None)
         # no launch plans: they are the time-major launches', and this form never launches them
-        return Prepared(
-            self.fn, self.num_envs, self.seq_len, self.dtype, self.device, self.squeeze, tensors, self.num_actions,
-            None, self.device_type, like,
-        )  # fmt: skip
+        return replace(self, tensors=tensors, like=like, plans=None, time_major=False)
 
     def as_rows(self) -> Prepared:
         """This call with its per-step tensors as ``(num_envs, seq_len)`` views (a ``shaped`` call's
@@ -92,11 +89,7 @@ class Prepared:
             return self
         rows = (self.num_envs, self.seq_len)
         tensors = {n: _as_rows(t, rows) for n, t in self.tensors.items()}  # per-step tensors only (prepare)
-        like = _as_rows(self.like, rows)
-        return Prepared(
-            self.fn, self.num_envs, self.seq_len, self.dtype, self.device, self.squeeze, tensors, self.num_actions,
-            self.plans, self.device_type, like,
-        )  # fmt: skip
+        return replace(self, tensors=tensors, like=_as_rows(self.like, rows), shaped=False)
 
 
 def _as_rows(t: torch.Tensor | None, rows: tuple[int, int]) -> torch.Tensor | None:

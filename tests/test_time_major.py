@@ -11,13 +11,13 @@ import torch
 import rl_triton as R
 from rl_triton import _validation
 from rl_triton.kernels import launch
-from tests._helpers import F32_TOL, FUNCTIONS, check, equal_results, valid_kwargs
+from tests._helpers import F32_TOL, FUNCTIONS, check, equal_results, non_contiguous, valid_kwargs
 
 
 def _tm(x):
     """The same values in the time-major layout (per-step tensors only)."""
     if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] > 1 and x.shape[1] > 1:
-        view = x.T.contiguous().T
+        view = non_contiguous(x, "transpose")
         assert _validation._is_time_major(view)
         return view
     return x
@@ -122,11 +122,11 @@ def test_gradients(path):
 def test_form_policy():
     """The launcher's time-major forms: blocks of at least _TM_MIN_ENVS envs, env-major groups for
     rows of <= 8 steps, the two-pass split for rows too long for their env blocks."""
-    short = launch.time_major_form("gae", 4096, 24, torch.float32)
+    short = launch.time_major_form("gae", 4096, 24)
     assert short.layout.tiles.bn >= launch._TM_MIN_ENVS and short.layout.nk == 1 and short.group == 4
-    assert launch.time_major_form("gae", 4096, 8, torch.float32).group == -4
-    assert launch.time_major_form("forward", 4096, 512, torch.float32).group == 0
-    long = launch.time_major_form("gae", 64, 4096, torch.float32)
+    assert launch.time_major_form("gae", 4096, 8).group == -4
+    assert launch.time_major_form("forward", 4096, 512).group == 0
+    long = launch.time_major_form("gae", 64, 4096)
     assert long.layout.nk > 1 and not long.layout.lookback
     assert launch.time_major_in_place(64, 2048) and not launch.time_major_in_place(16, 262144)
 

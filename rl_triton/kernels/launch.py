@@ -726,7 +726,7 @@ _TM_BT = 64
 _TM_BLOCK = 2048
 _TM_WARPS = 4
 _TM_GROUP = 4
-_TM_NDIV: dict | int = {"returns": 1, "forward": 1}
+_TM_NDIV = {"returns": 1, "forward": 1}  # by kernel kind; 8 for the others
 _TM_MAX_SPLIT = 128
 
 
@@ -737,11 +737,11 @@ def time_major_in_place(n: int, t: int) -> bool:
     H200 (time_major_split_h200.json; float32 us, in place vs copy path): 128 blocks (32x8192, 256x8192) 13.1-49.6
     vs 15.4-102.6, all four functions faster in place; 256 (64x16384) GAE and V-trace faster, the discounted
     returns and traces slower (27.6-31.4 vs 24.3-24.4); 1024 (16x262,144) 525-631 vs 54-144."""
-    return time_major_form("gae", n, t, torch.float32).layout.nk <= _TM_MAX_SPLIT
+    return time_major_form("gae", n, t).layout.nk <= _TM_MAX_SPLIT
 
 
-def time_major_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
-    """Layout and tile form of fused scan kernel ``kind`` on time-major rows."""
+def time_major_form(kind: str, n: int, t: int) -> ScanForm:
+    """Layout and tile form of fused scan kernel ``kind`` on time-major rows (the same for every dtype)."""
     bt = min(_TM_BT, max(4, _pow2(t)))
     bn = min(max(_TM_MIN_ENVS, _TM_BLOCK // bt), max(_TM_MIN_ENVS, _pow2(n)))
     if kind == "forward":
@@ -758,18 +758,20 @@ def time_major_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
 def _form(kind: str, p) -> ScanForm:
     """The layout and tile form of a call of fused scan kernel ``kind``."""
     if p.time_major:
-        return time_major_form(kind, p.num_envs, p.seq_len, p.dtype)
+        return time_major_form(kind, p.num_envs, p.seq_len)
     return scan_form(kind, p.num_envs, p.seq_len, p.dtype)
 
 
 def _tm(p, kind: str) -> int:
     """The TM constexpr of a call of fused scan kernel ``kind``: 0 for env-major rows; for time-major ones the
-    largest of _TM_NDIV[kind] (default 8), 4, 2, 1 that divides the env count (core.env_count: with float32 envs
-    in 4s every step starts 16-byte aligned, and loads along the envs vectorise)."""
+    largest power of 2 up to _TM_NDIV[kind] (default 8) that divides the env count (core.env_count: with float32
+    envs in 4s every step starts 16-byte aligned, and loads along the envs vectorise)."""
     if not p.time_major:
         return 0
-    most = _TM_NDIV.get(kind, 8) if isinstance(_TM_NDIV, dict) else _TM_NDIV
-    return next(d for d in (most, 4, 2, 1) if d <= most and p.num_envs % d == 0)
+    d = _TM_NDIV.get(kind, 8)
+    while p.num_envs % d:
+        d //= 2
+    return d
 
 
 def _tdiv(p, exact: bool = False) -> int:
