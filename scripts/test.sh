@@ -51,8 +51,26 @@ for arg in "$@"; do
     fi
 done
 
+# Without a CUDA GPU the interpreted kernels keep one core busy per test, so the suite runs on every core
+# (pytest-xdist, `-n auto`). On a GPU machine it stays in one process: the perf tests time kernels and must
+# not share the GPU. RL_TRITON_TEST_WORKERS overrides the worker count (0: one process); `-n N` or
+# `-p no:xdist` among your arguments wins over both.
+workers="${RL_TRITON_TEST_WORKERS:-}"
+if [[ -z "$workers" ]]; then
+    if [[ "$cuda" == 1 ]]; then workers=0; else workers=auto; fi
+fi
+for arg in "$@"; do
+    case "$arg" in
+        -n | -n* | --numprocesses* | no:xdist | -pno:xdist) workers="" ;;
+    esac
+done
+parallel=()
+if [[ -n "$workers" && "$workers" != 0 ]]; then
+    parallel=(-n "$workers")
+fi
+
 rc=0
-"$RLT_PY" -m pytest "${targets[@]}" -q "$@" || rc=$?
+"$RLT_PY" -m pytest "${targets[@]}" -q "${parallel[@]}" "$@" || rc=$?
 if [[ "$rc" == 5 ]]; then
     echo "error: pytest collected no tests (exit code 5); treating that as a failure" >&2
     exit 1
