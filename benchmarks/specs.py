@@ -73,7 +73,8 @@ class Inputs:
     """Rollout tensors of one configuration, created on first use (each from its own seeded
     generator, so the data does not depend on which keys were requested before). ``time_major``:
     the (N, T) per-step tensors are views ``x.T`` of contiguous (T, N) ones, as a ``[num_steps,
-    num_envs]`` rollout buffer gives (the same values as without)."""
+    num_envs]`` rollout buffer gives, and the (N, T, A) ones views of (T, N, A) ones (the same values
+    as without)."""
 
     FLOATS = ("r", "v", "nv", "last", "lpt", "lpb", "probs", "mu", "q", "nq", "logits")
 
@@ -124,8 +125,8 @@ class Inputs:
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self._cache:
             x = self._make(key)
-            if self.time_major and x.dim() == 2:
-                x = x.T.contiguous().T
+            if self.time_major and x.dim() in (2, 3):  # (N, T) and (N, T, A) views of [T, N] / [T, N, A]
+                x = x.transpose(0, 1).contiguous().transpose(0, 1)
             self._cache[key] = x
         return self._cache[key]
 

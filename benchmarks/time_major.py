@@ -1,5 +1,6 @@
 """Time-major calls on the GPU: every per-step tensor the (N, T) view ``x.T`` of a contiguous (T, N) buffer,
-as a ``[num_steps, num_envs]`` rollout buffer gives (rl_triton/_validation.py, ``TIME_MAJOR``).
+as a ``[num_steps, num_envs]`` rollout buffer gives, and Retrace's per-action tensors (N, T, A) views of
+(T, N, A) ones (rl_triton/_validation.py, ``TIME_MAJOR``).
 
 For each function and shape it times, with ``triton.testing.do_bench`` medians of a CUDA-graph replay
 (benchmarks/timing.py) in one process:
@@ -15,6 +16,7 @@ and full-call times (CUDA events around one call) of the contiguous call, the co
 
     python -m benchmarks.time_major --out benchmarks/results/time_major_h200.json
     python -m benchmarks.time_major --functions gae --shapes 4096x2048 --variants '[{}, {"_TM_BT": 256}]'
+    python -m benchmarks.time_major --functions retrace --actions 18 --variants '[{}, {"_TM_RETRACE_WARPS": 4}]'
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from rl_triton.kernels import launch
 
 from . import specs, timing
 
-FUNCTIONS = "gae,vtrace,returns,lambda,traces,prefix"
+FUNCTIONS = "gae,vtrace,returns,lambda,traces,prefix,retrace"
 SHAPES = "4096x24,16384x32,8x128,64x512,256x1024,4096x512,1024x2048,4096x2048"
-KNOBS = ("_TM_BT", "_TM_BLOCK", "_TM_WARPS", "_TM_GROUP", "_TM_NDIV", "_TM_MIN_ENVS", "_TM_MAX_SPLIT")
+KNOBS = (
+    "_TM_BT", "_TM_BLOCK", "_TM_WARPS", "_TM_GROUP", "_TM_NDIV", "_TM_MIN_ENVS", "_TM_MAX_SPLIT", "_TM_RETRACE_BLOCK",
+    "_TM_RETRACE_WARPS",
+)  # fmt: skip
 
 
 def measure(fn: str, n: int, t: int, dtype: torch.dtype, variants: list[dict], budget: timing.Budget) -> dict:
@@ -47,6 +52,8 @@ def measure(fn: str, n: int, t: int, dtype: torch.dtype, variants: list[dict], b
     gbps = timing.copy_gbps(nbytes, dev, budget)
     ref = [o.double() for o in f(xc)]
     row = {"function": spec.name, "num_envs": n, "seq_len": t, "dtype": str(dtype).removeprefix("torch.")}
+    if spec.name == "compute_retrace":
+        row["num_actions"] = specs.NUM_ACTIONS
     row |= {"bytes": nbytes, "copy_GBps": gbps, "contiguous_us": timing.kernel_us(lambda: f(xc), dev, budget, True)}
     row["contiguous_full_call_us"] = timing.full_call_us(lambda _: f(xc), dev, budget)
     _validation.TIME_MAJOR = False
@@ -86,13 +93,15 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES, help="NxT list")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--variants", default="[{}]", help="JSON list of launch._TM_* overrides ({}: the policy)")
+    ap.add_argument("--actions", type=int, default=specs.NUM_ACTIONS, help="Retrace's number of actions")
     ap.add_argument("--out", default=None, help="JSON path")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.time_major needs a CUDA GPU")
     variants = json.loads(a.variants)
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in a.shapes.split(",")]
-    jobs = [(fn, n, t) for n, t in shapes for fn in specs.resolve(a.functions) if fn != "compute_retrace"]
+    specs.NUM_ACTIONS = a.actions
+    jobs = [(fn, n, t) for n, t in shapes for fn in specs.resolve(a.functions)]
     rows, t0 = [], time.time()
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "variants": variants}
     for fn, n, t in tqdm(jobs, desc="time-major", unit="call"):

@@ -141,29 +141,39 @@ def _kernel_view(t: torch.Tensor, squeeze: bool) -> torch.Tensor:
 
 # Time-major calls (Prepared.time_major): rollout buffers are often [num_steps, num_envs] (one row per step,
 # as a vectorised environment returns them), and ``buffer.T`` is the (num_envs, seq_len) view the functions
-# take, with strides (1, num_envs). The fused kernels of every function but Retrace read such rows in place
+# take, with strides (1, num_envs); Retrace's [num_steps, num_envs, num_actions] tensors give the
+# (num_envs, seq_len, num_actions) view ``buffer.transpose(0, 1)``. The fused kernels read such rows in place
 # (kernels/core.py, time_stride) instead of a contiguous copy of each input and a transposed output.
 # TIME_MAJOR = False: always copy (tests, sweeps).
 TIME_MAJOR = True
 
 
 def _is_time_major(t: torch.Tensor) -> bool:
-    """Whether ``t`` is the (N, T) view x.T of a contiguous (T, N) tensor, and not contiguous itself."""
-    return t.dim() == 2 and t.stride() == (1, t.shape[0]) and not t.is_contiguous()
+    """Whether ``t`` is the (N, T) view x.T of a contiguous (T, N) tensor, or the (N, T, A) view
+    x.transpose(0, 1) of a contiguous (T, N, A) one, and not contiguous itself."""
+    if t.dim() == 2:
+        return t.stride() == (1, t.shape[0]) and not t.is_contiguous()
+    if t.dim() == 3:
+        n, _, a = t.shape
+        return t.stride() == (a, n * a, 1) and not t.is_contiguous()
+    return False
 
 
 def _time_major(steps: dict, flags: dict, per_action: dict, actions) -> bool:
-    """Whether a call runs time-major: every per-step tensor and flag given is a time-major view
-    (:func:`_is_time_major`), there are no per-action tensors (Retrace reads its rows contiguous), and the
-    launcher reads rows of this shape in place (kernels/launch.py, time_major_in_place)."""
-    if not TIME_MAJOR or actions is not None or any(t is not None for t in per_action.values()):
+    """Whether a call runs time-major: every tensor given (per-step, flags, per-action, actions) is a time-major
+    view (:func:`_is_time_major`), and the launcher reads rows of this shape in place (kernels/launch.py,
+    time_major_in_place)."""
+    if not TIME_MAJOR:
         return False
-    given = [t for g in (steps, flags) for t in g.values() if t is not None]
+    given = [t for g in (steps, flags, per_action) for t in g.values() if t is not None]
+    if actions is not None:
+        given.append(actions[1])
     if not given or not all(_is_time_major(t) for t in given):
         return False
     from .kernels import launch  # imports Triton: only for calls that are time-major
 
-    return launch.time_major_in_place(*given[0].shape)
+    num_actions = next((t.shape[-1] for t in per_action.values() if t is not None), 0)
+    return launch.time_major_in_place(*given[0].shape[:2], num_actions)
 
 
 def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | None:
@@ -402,7 +412,8 @@ def _prepare(
         everything[name] = act
 
     out.time_major = time_major and not squeeze and _time_major(steps, flags, per_action, actions)
-    in_place = {**steps, **flags} if out.time_major else {}
+    # per-env tensors are (N,): contiguous copies as always
+    in_place = {n: t for n, t in everything.items() if n not in per_env} if out.time_major else {}
     for name, t in everything.items():
         out.tensors[name] = t if name in in_place else _layout(name, t, squeeze)
     like = _first_given(steps)

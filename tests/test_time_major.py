@@ -1,5 +1,6 @@
 """Time-major calls: every per-step tensor is the (N, T) view ``x.T`` of a contiguous (T, N) tensor (a
-``[num_steps, num_envs]`` rollout buffer). The kernels read such rows in place (kernels/core.py,
+``[num_steps, num_envs]`` rollout buffer), and every per-action one Retrace takes the (N, T, A) view of a
+contiguous (T, N, A) tensor. The kernels read such rows in place (kernels/core.py,
 time_stride; launch.time_major_form) instead of copying each input, and the outputs come in the same
 layout. Checked against the float64 reference on every path, including the layouts' edge cases:
 env counts below, at and past one env block, not multiples of the vector width, rows of one
@@ -15,9 +16,14 @@ from tests._helpers import F32_TOL, FUNCTIONS, check, equal_results, non_contigu
 
 
 def _tm(x):
-    """The same values in the time-major layout (per-step tensors only)."""
-    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] > 1 and x.shape[1] > 1:
-        view = non_contiguous(x, "transpose")
+    """The same values in the time-major layout: (N, T) views of (T, N) tensors, (N, T, A) views of (T, N, A)
+    ones; per-env tensors unchanged."""
+    if isinstance(x, torch.Tensor) and x.dim() in (2, 3) and x.shape[0] > 1 and x.shape[1] > 1:
+        if x.dim() == 2:
+            view = non_contiguous(x, "transpose")
+        else:
+            view = x.transpose(0, 1).contiguous().transpose(0, 1)
+            assert torch.equal(view, x)
         assert _validation._is_time_major(view)
         return view
     return x
@@ -32,10 +38,7 @@ _SHAPES = [
     pytest.param((2, 700), id="N2-T700"),  # few envs: rows split into time blocks (two passes)
 ]
 
-_TM_FUNCTIONS = [f for f in FUNCTIONS if f != "compute_retrace"]
-
-
-@pytest.mark.parametrize("name", _TM_FUNCTIONS)
+@pytest.mark.parametrize("name", FUNCTIONS)
 @pytest.mark.parametrize("shape", _SHAPES)
 def test_matches_reference(path, name, shape):
     kwargs = valid_kwargs(name, shape, device=path.device)
@@ -68,7 +71,7 @@ def test_prefix_sum_starts_at(path):
 
 
 def test_decision():
-    """Time-major only when every per-step tensor is; mixed layouts and Retrace copy as before."""
+    """Time-major only when every per-step tensor is; mixed layouts copy as before."""
     _validation.clear_cache()
     kw = valid_kwargs("compute_gae", (6, 9))
     tm = {k: _tm(v) for k, v in kw.items()}
@@ -98,11 +101,42 @@ def test_decision():
         _validation.clear_cache()
 
 
-def test_retrace_copies(path):
-    kwargs = valid_kwargs("compute_retrace", (5, 9), device=path.device)
-    tm = {k: _tm(v) for k, v in kwargs.items()}
-    out = check("compute_retrace", **tm, **F32_TOL)[0]
-    assert all(o.is_contiguous() for o in out)
+@pytest.mark.parametrize("num_actions", [3, 18])  # a padded action tile; one tile per binary digit (16 + 2)
+@pytest.mark.parametrize("shape", [(40, 8), (33, 70), (2, 300)], ids=["N40-T8", "N33-T70", "N2-T300"])
+def test_retrace_actions(path, num_actions, shape):
+    """Retrace reads [T, N, A] tensors in place, with and without next-step probabilities."""
+    kwargs = valid_kwargs("compute_retrace", shape, num_actions=num_actions, device=path.device)
+    for next_probs in (True, False):
+        if not next_probs:
+            kwargs.pop("next_action_probs_target")
+        out = check("compute_retrace", **{k: _tm(v) for k, v in kwargs.items()}, **F32_TOL)[0]
+        assert all(o.T.is_contiguous() for o in out) if path.is_kernel else all(o.is_contiguous() for o in out)
+
+
+def test_retrace_decision():
+    """Retrace runs time-major only when its per-action tensors and actions are time-major views too."""
+    _validation.clear_cache()
+    kw = valid_kwargs("compute_retrace", (6, 9))
+    tm = {k: _tm(v) for k, v in kw.items()}
+
+    def prepare(**over):
+        t = {**tm, **over}
+        return _validation.prepare(
+            "t", steps={"action_probs_behavior": t["action_probs_behavior"], "rewards": t["rewards"]},
+            flags={"terminateds": t["terminateds"]},
+            per_action={"action_probs_target": t["action_probs_target"], "next_q_values_all": t["next_q_values_all"]},
+            actions=("actions", t["actions"]),
+        )  # fmt: skip
+
+    p = prepare()
+    assert p.time_major and p.tensors["next_q_values_all"] is tm["next_q_values_all"]
+    assert p.tensors["actions"] is tm["actions"]
+    for name in ("next_q_values_all", "actions"):
+        mixed = prepare(**{name: kw[name]})
+        assert not mixed.time_major and all(t.is_contiguous() for t in mixed.tensors.values() if t is not None)
+    padded = torch.zeros(9, 6, 5)[:, :, :4]  # (T, N, A) with a padded action axis: not a time-major view
+    assert not _validation._is_time_major(padded.transpose(0, 1))
+    _validation.clear_cache()
 
 
 def test_gradients(path):
@@ -129,6 +163,13 @@ def test_form_policy():
     long = launch.time_major_form("gae", 64, 4096)
     assert long.layout.nk > 1 and not long.layout.lookback
     assert launch.time_major_in_place(64, 2048) and not launch.time_major_in_place(16, 262144)
+    few = launch.retrace_time_major_form(4096, 24, 4)
+    assert few.group == 4 and not few.pieces and few.layout.tiles.bn >= launch._TM_MIN_ENVS
+    assert launch.retrace_time_major_form(4096, 8, 4).group == -4
+    many = launch.retrace_time_major_form(4096, 24, 18)
+    assert many.group == 0 and many.pieces
+    assert many.layout.tiles.bn * many.layout.tiles.bt < few.layout.tiles.bn * few.layout.tiles.bt
+    assert launch.time_major_in_place(64, 2048, 4) and not launch.time_major_in_place(16, 262144, 4)
 
 
 def test_long_rows_copy(path):

@@ -248,7 +248,7 @@ def retrace_step(
     p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
     gamma, lmbda, c_bar, rho_bar,
     A: tl.constexpr, AP: tl.constexpr, PIECES: tl.constexpr, HAS_TRUNC: tl.constexpr, ACC: tl.constexpr,
-    SHIFT: tl.constexpr = False, PI_TILE: tl.constexpr = False,
+    SHIFT: tl.constexpr = False, PI_TILE: tl.constexpr = False, ST=1,
 ):  # fmt: skip
     """Retrace prologue at the steps ``o_t``: (a, b) of Delta_t = b + a Delta_{t+1}, plus
     (rho, r, q, term, boundary, E) for the epilogue. SHIFT (env-major rows of one chunk) takes c_{t+1}
@@ -257,7 +257,7 @@ def retrace_step(
     pi(a_t | s_t) out of the weights tile instead of gathering the same bytes again. Without them the
     loads keep their order (the code is the same as before they existed: placing the gather of
     pi(a_t | s_t) after the action tiles cost 15% with 18 actions on the H200, 424 vs 368 us at
-    4096x2048)."""
+    4096x2048). ST: the rows' core.time_stride (the next step's offset is off + ST)."""
     b_term, b_trunc, b_bnd, _ = step_context(
         p_term, p_trunc, p_term, p_term, off, o_t, o_t, m, m, T, HAS_TRUNC, False, False, ACC
     )
@@ -278,10 +278,10 @@ def retrace_step(
     if SHIFT:
         b_c1 = tl.where(m1, _env_next(lmbda * tl.minimum(b_ratio, c_bar)), 0.0)
     else:
-        b_act1 = tl.load(p_act + off + 1, mask=m1, other=0)
+        b_act1 = tl.load(p_act + off + ST, mask=m1, other=0)
         m_act1 = m1 & (b_act1 >= 0) & (b_act1 < A)
-        b_pi1 = tl.load(p_pt + (off + 1) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
-        b_ratio1 = b_pi1 / tl.load(p_pb + off + 1, mask=m1, other=1).to(ACC)
+        b_pi1 = tl.load(p_pt + (off + ST) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
+        b_ratio1 = b_pi1 / tl.load(p_pb + off + ST, mask=m1, other=1).to(ACC)
         b_c1 = tl.where(m1, lmbda * tl.minimum(b_ratio1, c_bar), 0.0)
     # E_t = sum_a w[t, a] Q(s_{t+1}, a), from [..., W] tiles: the A actions of a step are contiguous, so
     # the rows load as vectors (A is a constexpr); a loop over actions loaded every A-th element instead.
@@ -341,10 +341,12 @@ def retrace_kernel(
     SHIFT: tl.constexpr = False,
     PI_TILE: tl.constexpr = False,  # only where p_w is p_pt
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
+    TM: tl.constexpr = 0,  # time-major rows, [T, N, A] per-action tensors read as (N, T, A) views: see gae_kernel
 ):  # fmt: skip
     tl.static_assert(GROUPED == -4 or not SHIFT, "SHIFT: env-major rows of one chunk")
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
     c_bar = hp_scalar(c_hi, c_lo, ACC)
@@ -354,10 +356,10 @@ def retrace_kernel(
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
-            gamma, lmbda, c_bar, rho_bar, A, AP, PIECES, HAS_TRUNC, ACC, SHIFT, PI_TILE,
+            gamma, lmbda, c_bar, rho_bar, A, AP, PIECES, HAS_TRUNC, ACC, SHIFT, PI_TILE, ST,
         )  # fmt: skip
         b_a = tl.where(m, b_a, 1.0)
         b_b = tl.where(m, b_b, 0.0)
@@ -371,7 +373,7 @@ def retrace_kernel(
         if SHIFT:  # q_{t+1} from registers (used only where t is no boundary, so t + 1 < T)
             b_q1 = _env_next(b_q)
         else:
-            b_q1 = tl.load(p_q + off + 1, mask=m & (b_bnd == 0), other=0).to(ACC)
+            b_q1 = tl.load(p_q + off + ST, mask=m & (b_bnd == 0), other=0).to(ACC)
         b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
         if PHASE != 1:
             tl.store(p_qt + off, b_q + b_d, mask=m)

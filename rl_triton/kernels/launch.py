@@ -730,29 +730,49 @@ _TM_NDIV = {"returns": 1, "forward": 1}  # by kernel kind; 8 for the others
 _TM_MAX_SPLIT = 128
 
 
-def time_major_in_place(n: int, t: int) -> bool:
-    """Whether time-major rows of (n, t) are read in place (else the validation copies them contiguous): not
-    where they would split into more than _TM_MAX_SPLIT time blocks (few envs, long rows: the two-pass split's
-    second pass folds that many aggregates per row, and contiguous rows take the look-back). Measured on the
-    H200 (time_major_split_h200.json; float32 us, in place vs copy path): 128 blocks (32x8192, 256x8192) 13.1-49.6
-    vs 15.4-102.6, all four functions faster in place; 256 (64x16384) GAE and V-trace faster, the discounted
-    returns and traces slower (27.6-31.4 vs 24.3-24.4); 1024 (16x262,144) 525-631 vs 54-144."""
-    return time_major_form("gae", n, t).layout.nk <= _TM_MAX_SPLIT
+def time_major_in_place(n: int, t: int, num_actions: int = 0) -> bool:
+    """Whether time-major rows of (n, t) (Retrace's with ``num_actions``) are read in place (else the validation
+    copies them contiguous): not where they would split into more than _TM_MAX_SPLIT time blocks (few envs, long
+    rows: the two-pass split's second pass folds that many aggregates per row, and contiguous rows take the
+    look-back). Measured on the H200 (time_major_split_h200.json; float32 us, in place vs copy path): 128 blocks
+    (32x8192, 256x8192) 13.1-49.6 vs 15.4-102.6, all four functions faster in place; 256 (64x16384) GAE and V-trace
+    faster, the discounted returns and traces slower (27.6-31.4 vs 24.3-24.4); 1024 (16x262,144) 525-631 vs 54-144."""
+    form = retrace_time_major_form(n, t, num_actions) if num_actions else time_major_form("gae", n, t)
+    return form.layout.nk <= _TM_MAX_SPLIT
 
 
-def time_major_form(kind: str, n: int, t: int) -> ScanForm:
-    """Layout and tile form of fused scan kernel ``kind`` on time-major rows (the same for every dtype)."""
-    bt = min(_TM_BT, max(4, _pow2(t)))
-    bn = min(max(_TM_MIN_ENVS, _TM_BLOCK // bt), max(_TM_MIN_ENVS, _pow2(n)))
+def time_major_form(kind: str, n: int, t: int, block: int = 0, warps: int = 0) -> ScanForm:
+    """Layout and tile form of fused scan kernel ``kind`` on time-major rows (the same for every dtype); ``block``
+    and ``warps``: elements of a chunk and warps, if not _TM_BLOCK and _TM_WARPS (Retrace's)."""
+    block = block or _TM_BLOCK
+    bt = min(_TM_BT, max(4, _pow2(t)), max(4, block // _TM_MIN_ENVS))
+    bn = min(max(_TM_MIN_ENVS, block // bt), max(_TM_MIN_ENVS, _pow2(n)))
     if kind == "forward":
         group = 0
     elif bt <= _ENV_MAJOR_MAX_BT:
         group = -4
     else:
         group = _TM_GROUP
-    tiles = Tiles(bn, bt, _TM_WARPS)
+    tiles = Tiles(bn, bt, warps or _TM_WARPS)
     nk, cpb = _time_blocks(_cdiv(n, bn), _cdiv(t, bt))
     return ScanForm(Layout(tiles, nk, cpb, False), group)
+
+
+# Retrace on time-major rows: chunks of _TM_RETRACE_BLOCK steps with up to _RETRACE_ACTIONS actions (each
+# [N, T, A] tile holds A times that many elements), proportionally fewer with more actions (at least
+# _RETRACE_MIN_BLOCK), and _TM_RETRACE_WARPS warps; few actions take the tile forms of time_major_form, more
+# (from _RETRACE_PIECES_MIN_AP on, one tile per binary digit of A) plain tiles.
+_TM_RETRACE_BLOCK = 1024
+_TM_RETRACE_WARPS = 8
+
+
+def retrace_time_major_form(n: int, t: int, num_actions: int) -> RetraceForm:
+    """Retrace's layout and tile form on time-major rows (every dtype)."""
+    ap = _pow2(num_actions)
+    block = max(_RETRACE_MIN_BLOCK, _TM_RETRACE_BLOCK * _RETRACE_ACTIONS // max(ap, _RETRACE_ACTIONS))
+    form = time_major_form("retrace", n, t, block, _TM_RETRACE_WARPS)
+    group = form.group if ap <= _RETRACE_GROUPED_MAX_AP else 0
+    return RetraceForm(form.layout, group, ap >= _RETRACE_PIECES_MIN_AP)
 
 
 def _form(kind: str, p) -> ScanForm:
@@ -943,12 +963,15 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
     qt, adv = p.new_output(), p.new_output()
 
     def build(cached: bool) -> _Plan:
-        form = retrace_layout(p.num_envs, p.seq_len, p.num_actions, p.dtype)
+        if p.time_major:
+            form = retrace_time_major_form(p.num_envs, p.seq_len, p.num_actions)
+        else:
+            form = retrace_layout(p.num_envs, p.seq_len, p.num_actions, p.dtype)
         constexprs = dict(
             A=p.num_actions, AP=_pow2(p.num_actions), PIECES=form.pieces, HAS_TRUNC=t.get("truncateds") is not None,
             ACC=_acc(p.dtype), GROUPED=form.group, EXACT_T=form.exact_t, SHIFT=form.shift,
             PI_TILE=form.pi_tile and t.get("next_action_probs_target") is None,
-            TDIV=_row_divisor(p.seq_len, form.exact_t),
+            TDIV=_tdiv(p, form.exact_t), TM=_tm(p, "retrace"),
         )  # fmt: skip
         return _scan_plan(fused.retrace_kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
