@@ -38,6 +38,7 @@ _SHAPES = [
     pytest.param((2, 700), id="N2-T700"),  # few envs: rows split into time blocks (two passes)
 ]
 
+
 @pytest.mark.parametrize("name", FUNCTIONS)
 @pytest.mark.parametrize("shape", _SHAPES)
 def test_matches_reference(path, name, shape):
