@@ -37,7 +37,7 @@ FUNCTIONS = "gae,vtrace,returns,lambda,traces,prefix,retrace"
 SHAPES = "4096x24,16384x32,8x128,64x512,256x1024,4096x512,1024x2048,4096x2048"
 KNOBS = (
     "_TM_BT", "_TM_BLOCK", "_TM_WARPS", "_TM_GROUP", "_TM_NDIV", "_TM_MIN_ENVS", "_TM_MAX_SPLIT", "_TM_RETRACE_BLOCK",
-    "_TM_RETRACE_WARPS",
+    "_TM_RETRACE_WARPS", "_TM_LOOKBACK", "_TM_WINDOW",
 )  # fmt: skip
 
 

@@ -4,7 +4,8 @@ contiguous (T, N, A) tensor. The kernels read such rows in place (kernels/core.p
 time_stride; launch.time_major_form) instead of copying each input, and the outputs come in the same
 layout. Checked against the float64 reference on every path, including the layouts' edge cases:
 env counts below, at and past one env block, not multiples of the vector width, rows of one
-env-major group, of several chunks and split into time blocks."""
+env-major group, of several chunks and split into time blocks (the look-back over blocks of envs, and the
+two-pass split)."""
 
 import pytest
 import torch
@@ -51,6 +52,29 @@ def test_matches_reference(path, name, shape):
         else:  # the PyTorch path computes on contiguous copies
             assert o.is_contiguous()
     equal_results(out, getattr(R, name)(**kwargs), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("lookback", [True, False], ids=["lookback", "two-pass"])
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_split_rows(path, name, lookback, monkeypatch):
+    """Rows split into time blocks: the look-back over blocks of envs (core.lookback_envs; 33 blocks in windows
+    of 16, so both levels of windows) and the two-pass split. A second call gives the same bits (the look-back's
+    epochs advanced in between)."""
+    monkeypatch.setattr(launch, "_TM_LOOKBACK", lookback)
+    kwargs = {k: _tm(v) for k, v in valid_kwargs(name, (3, 2100), device=path.device).items()}
+    form = launch.time_major_form("gae", 3, 2100, dtype=torch.float32)
+    assert form.layout.lookback == lookback and (form.layout.window < form.layout.nk or not lookback)
+    out = check(name, **kwargs, **F32_TOL)[0]
+    equal_results(out, getattr(R, name)(**kwargs), atol=0, rtol=0)
+
+
+def test_lookback_zeroed_flags(path, monkeypatch):
+    """The look-back over blocks of envs with flags zeroed per call (PHASE 4: launches of more blocks than
+    _EPOCH_MAX_BLOCKS) instead of epochs."""
+    monkeypatch.setattr(launch, "_EPOCH_MAX_BLOCKS", 0)
+    kwargs = {k: _tm(v) for k, v in valid_kwargs("compute_gae", (40, 700), device=path.device).items()}
+    out = check("compute_gae", **kwargs, **F32_TOL)[0]
+    equal_results(out, R.compute_gae(**kwargs), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["compute_gae", "compute_vtrace"])
@@ -162,7 +186,9 @@ def test_form_policy():
     assert launch.time_major_form("gae", 4096, 8).group == -4
     assert launch.time_major_form("forward", 4096, 512).group == 0
     long = launch.time_major_form("gae", 64, 4096)
-    assert long.layout.nk > 1 and not long.layout.lookback
+    assert long.layout.nk > 1 and not long.layout.lookback  # no dtype: the split time_major_in_place counts
+    assert launch.time_major_form("gae", 64, 4096, dtype=torch.bfloat16).layout.lookback
+    assert not launch.time_major_form("gae", 64, 4096, dtype=torch.float64).layout.lookback
     assert launch.time_major_in_place(64, 2048) and not launch.time_major_in_place(16, 262144)
     few = launch.retrace_time_major_form(4096, 24, 4)
     assert few.group == 4 and not few.pieces and few.layout.tiles.bn >= launch._TM_MIN_ENVS
@@ -180,3 +206,32 @@ def test_long_rows_copy(path):
     assert not launch.time_major_in_place(2, 8300)
     out = check("compute_discounted_returns", **{k: _tm(v) for k, v in kwargs.items()}, **F32_TOL)[0]
     assert out.is_contiguous()
+
+
+_STRESS = [
+    pytest.param((16, 262144), None, id="16x262144"),  # 4096 blocks of one env block, windows of 64
+    pytest.param((64, 262144), 128, id="64x262144-w128"),  # 2 env blocks: 8192 blocks, PHASE 4 (zeroed words)
+    pytest.param((40, 65536), 8, id="40x65536-w8"),  # 1024 blocks: the windows grow to 32
+    pytest.param((4096, 2048), None, id="4096x2048"),  # 128 env blocks of 32 blocks
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("name", ["compute_gae", "compute_discounted_returns", "compute_eligibility_traces"])
+@pytest.mark.parametrize("shape, window", _STRESS)
+def test_lookback_stress_cuda(name, shape, window, monkeypatch):
+    """The look-back over blocks of envs on the GPU, where blocks run concurrently (the interpreter runs them one
+    after another): rows forced in place whatever their length, against the contiguous call (env-major
+    kernels), and five calls bit for bit the same. The first form of this look-back failed here (NOTES.md)."""
+    monkeypatch.setattr(launch, "_TM_MAX_SPLIT", 1 << 30)
+    if window is not None:
+        monkeypatch.setattr(launch, "_TM_WINDOW", window)
+    kwargs = valid_kwargs(name, shape, device="cuda")
+    tm = {k: _tm(v) for k, v in kwargs.items()}
+    assert launch.time_major_form("gae", *shape, dtype=torch.float32).layout.lookback
+    want = getattr(R, name)(**kwargs)
+    outs = [getattr(R, name)(**tm) for _ in range(5)]
+    assert outs[0].T.is_contiguous()  # read in place
+    torch.testing.assert_close(outs[0], want, atol=2e-5, rtol=2e-5)
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])

@@ -397,16 +397,104 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, ACC: tl.c
     return wA * b_pA, wA * b_pB + wB
 
 
+def tm_flag_buffer_size(nb: int, nk: int, w: int) -> int:
+    """Elements (int32) of the flag buffer of a look-back over ``nb`` blocks of ``w`` time-major envs, ``nk`` time
+    blocks each (:func:`lookback_envs`): the blocks' epochs, in whole lines (so the words after them are 8-byte
+    aligned), then four planes of nb * nk * w tagged words (int64)."""
+    return -(-max(nb, 1) // EPOCH_LINE) * EPOCH_LINE + 8 * nb * nk * w
+
+
+@triton.jit
+def _tagged(x, tag):
+    """A float32 [W] as words (int64) tagged with ``tag`` (int32) in their high half (:func:`lookback_envs`)."""
+    return (x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (tag.to(tl.int64) << 32)
+
+
+@triton.jit
+def _tag_late(wa, wb, m, LEVEL):
+    """Per word pair, how far its tags are past LEVEL (the int32 difference, which wraps); 0 where not ``m``."""
+    return tl.where(m, tl.minimum((wa >> 32).to(tl.int32) - LEVEL, (wb >> 32).to(tl.int32) - LEVEL), 0)
+
+
+@triton.jit
+def _fold_tagged(p_a, p_b, o_b, m_b, LEVEL, W: tl.constexpr):
+    """:func:`_fold_published` over blocks of W envs whose aggregates are tagged words (:func:`_tagged`): wait
+    until the words of the blocks ``o_b`` [S] (where ``m_b``) carry LEVEL or later, then fold them in order.
+    Returns (A, B) [W]."""
+    off = o_b.to(tl.int64)[:, None] * W + tl.arange(0, W)[None, :]
+    m = m_b[:, None] & (off >= 0)
+    wa = tl.load(p_a + off, mask=m, other=0, volatile=True)
+    wb = tl.load(p_b + off, mask=m, other=0, volatile=True)
+    while tl.min(tl.min(_tag_late(wa, wb, m, LEVEL), 1), 0) < 0:
+        wa = tl.load(p_a + off, mask=m, other=0, volatile=True)
+        wb = tl.load(p_b + off, mask=m, other=0, volatile=True)
+    b_A, b_B = tl.associative_scan(
+        (tl.where(m, wa.to(tl.int32).to(tl.float32, bitcast=True), 1.0),
+         tl.where(m, wb.to(tl.int32).to(tl.float32, bitcast=True), 0.0)),
+        0, linear_combine,
+    )  # fmt: skip
+    return _edge(b_A, 0, False, False), _edge(b_B, 0, False, False)
+
+
+@triton.jit
+def lookback_envs(p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, S: tl.constexpr, EPOCHS: tl.constexpr):
+    """:func:`lookback` for programs of W envs (time-major rows, float32 aggregates): the (A, B) [W] of
+    everything before time block ``i_k`` of env block ``i_n``, given the block's own (b_Al, b_Bl) [W]. The same
+    windows, order of folds and epochs (read from and advanced in p_flag[i_n]).
+
+    Each aggregate is published as one word: its float32 bits, tagged with E + 1 (block) or E + 2 (window) in
+    the high half, stored once, whichever thread holds it; a reader spins on volatile loads of the words
+    themselves until every tag it needs is current. No flag is published apart from the data, so nothing
+    depends on the order in which different threads' stores reach memory: a flag released by one thread
+    after a barrier does not make the other threads' aggregate stores visible at GPU scope, which is why the
+    first form of this look-back (NOTES.md, "Time-major rollout buffers") read stale aggregates. Buffer
+    (:func:`tm_flag_buffer_size`): the epochs of the cdiv(N, W) env blocks, then the words of the planes
+    [block A, block B, window A, window B] x env blocks x NK x W, zeroed once (PHASE 5) or per call (PHASE 4).
+    Every call writes every block word of its rows, and the window words its readers read."""
+    W: tl.constexpr = b_Al.shape[0]
+    tl.static_assert(b_Al.dtype == tl.float32, "time-major look-back: float32 aggregates")
+    NB = tl.cdiv(N, W)
+    p_w = (p_flag + ((NB + _EPOCH_LINE - 1) // _EPOCH_LINE) * _EPOCH_LINE).to(tl.pointer_type(tl.int64))
+    plane = NB.to(tl.int64) * NK * W
+    row = i_n.to(tl.int64) * NK * W
+    me = row + i_k * W + tl.arange(0, W)
+    tl.store(p_w + me, _tagged(b_Al, E + 1))
+    tl.store(p_w + plane + me, _tagged(b_Bl, E + 1))
+    # the blocks of this window before this one
+    o_s = tl.arange(0, S)
+    base = (i_k // S) * S
+    wA, wB = _fold_tagged(p_w + row, p_w + plane + row, base + o_s, base + o_s < i_k, E + 1, W)
+    if i_k % S == S - 1:  # the window's last block: publish the window's aggregate
+        tl.store(p_w + 2 * plane + me, _tagged(b_Al * wA, E + 2))
+        tl.store(p_w + 3 * plane + me, _tagged(b_Al * wB + b_Bl, E + 2))
+    # the windows before this one (window j's aggregate sits at its last block, j * S + S - 1)
+    b_pA = tl.full([W], 1.0, tl.float32)
+    b_pB = tl.zeros([W], tl.float32)
+    if base > 0:
+        b_pA, b_pB = _fold_tagged(p_w + 2 * plane + row, p_w + 3 * plane + row, o_s * S + (S - 1), o_s < i_k // S,
+                                  E + 2, W)  # fmt: skip
+    if EPOCHS:
+        if i_k == NK - 1:  # the row's last block: every block of the row has read E (see lookback)
+            tl.store(p_flag + i_n, E + 2)
+    return wA * b_pA, wA * b_pB + wB
+
+
 @triton.jit
 def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
                     GROUPED: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, EPOCHS: tl.constexpr):  # fmt: skip
     """PHASE 3-5 (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
-    in registers, then :func:`lookback`. Returns (A, B) of everything before the block [1]."""
-    tl.static_assert(o_n.shape[0] == 1, "PHASE 3-5 take one env per program")
+    in registers, then :func:`lookback` (one env per program) or :func:`lookback_envs` (blocks of time-major
+    envs, PHASE 4/5). Returns (A, B) of everything before the block, [1] or [BN]."""
     b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, GROUPED)
     _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, GROUPED)
-    i_n = tl.sum(o_n, 0)
-    return lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED), E, ACC, S, EPOCHS)
+    if o_n.shape[0] == 1:
+        b_A, b_B = lookback(
+            p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED), E, ACC, S, EPOCHS
+        )
+    else:
+        b_A, b_B = lookback_envs(p_flag, tl.min(o_n, 0) // o_n.shape[0], i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED),
+                                 E, S, EPOCHS)  # fmt: skip
+    return b_A, b_B
 
 
 @triton.jit

@@ -364,11 +364,14 @@ def _scratch(plan: _Plan, args: tuple) -> tuple:
     if kind == 3:
         # one chunk per time block; [2, N, NK] block and window aggregates, a flag buffer (core.EPOCH_LINE):
         # kept from call to call with epochs (PHASE 5), else zeroed for each call
-        _, n, nk, acc, epochs = split
+        # time-major blocks of w envs: tagged words in the flag buffer (core.lookback_envs), no aggregates
+        _, n, nk, acc, epochs, w = split
         device = args[0].device
-        agg_a = torch.empty((2, n, nk), dtype=acc, device=device)
-        size = core.flag_buffer_size(n, nk, epochs)
+        size = core.flag_buffer_size(n, nk, epochs) if w == 1 else core.tm_flag_buffer_size(n, nk, w)
         flags = _lookback_flags(plan, device, size) if epochs else _zero_flags(device, size)
+        if w > 1:
+            return ((flags, flags, flags, nk, 1),)
+        agg_a = torch.empty((2, n, nk), dtype=acc, device=device)
         return ((agg_a, torch.empty_like(agg_a), flags, nk, 1),)
     _, n, nk, cpb, acc = split
     agg_a = torch.empty((n, nk), dtype=acc, device=args[0].device)
@@ -728,6 +731,8 @@ _TM_WARPS = 4
 _TM_GROUP = 4
 _TM_NDIV = {"returns": 1, "forward": 1}  # by kernel kind; 8 for the others
 _TM_MAX_SPLIT = 128
+_TM_LOOKBACK = True
+_TM_WINDOW = 16
 
 
 def time_major_in_place(n: int, t: int, num_actions: int = 0) -> bool:
@@ -741,9 +746,13 @@ def time_major_in_place(n: int, t: int, num_actions: int = 0) -> bool:
     return form.layout.nk <= _TM_MAX_SPLIT
 
 
-def time_major_form(kind: str, n: int, t: int, block: int = 0, warps: int = 0) -> ScanForm:
-    """Layout and tile form of fused scan kernel ``kind`` on time-major rows (the same for every dtype); ``block``
-    and ``warps``: elements of a chunk and warps, if not _TM_BLOCK and _TM_WARPS (Retrace's)."""
+def time_major_form(
+    kind: str, n: int, t: int, block: int = 0, warps: int = 0, dtype: torch.dtype | None = None
+) -> ScanForm:
+    """Layout and tile form of fused scan kernel ``kind`` on time-major rows; ``block`` and ``warps``: elements of a
+    chunk and warps, if not _TM_BLOCK and _TM_WARPS (Retrace's). Rows that split into time blocks take the
+    look-back over blocks of envs (core.lookback_envs; one chunk per block) with _TM_LOOKBACK, unless ``dtype`` is
+    float64 (its aggregates do not fit a tagged word), else the two-pass split. ``dtype`` None: the split."""
     block = block or _TM_BLOCK
     bt = min(_TM_BT, max(4, _pow2(t)), max(4, block // _TM_MIN_ENVS))
     bn = min(max(_TM_MIN_ENVS, block // bt), max(_TM_MIN_ENVS, _pow2(n)))
@@ -754,7 +763,13 @@ def time_major_form(kind: str, n: int, t: int, block: int = 0, warps: int = 0) -
     else:
         group = _TM_GROUP
     tiles = Tiles(bn, bt, warps or _TM_WARPS)
-    nk, cpb = _time_blocks(_cdiv(n, bn), _cdiv(t, bt))
+    n_chunks = _cdiv(t, bt)
+    nk, cpb = _time_blocks(_cdiv(n, bn), n_chunks)
+    if nk > 1 and _TM_LOOKBACK and dtype is not None and dtype != torch.float64:
+        window = min(_pow2(n_chunks), _TM_WINDOW)
+        while window * window < n_chunks:  # core.lookback folds at most `window` windows
+            window *= 2
+        return ScanForm(Layout(tiles, n_chunks, 1, True, window), group)
     return ScanForm(Layout(tiles, nk, cpb, False), group)
 
 
@@ -770,20 +785,20 @@ _TM_RETRACE_BLOCK = 1024
 _TM_RETRACE_WARPS = 8
 
 
-def retrace_time_major_form(n: int, t: int, num_actions: int) -> RetraceForm:
-    """Retrace's layout and tile form on time-major rows (every dtype)."""
+def retrace_time_major_form(n: int, t: int, num_actions: int, dtype: torch.dtype | None = None) -> RetraceForm:
+    """Retrace's layout and tile form on time-major rows (``dtype``: see time_major_form)."""
     ap = _pow2(num_actions)
     few_actions = ap <= _RETRACE_GROUPED_MAX_AP
     scale = _RETRACE_ACTIONS if few_actions else _RETRACE_MANY_ACTIONS
     block = max(_RETRACE_MIN_BLOCK, _TM_RETRACE_BLOCK * scale // max(ap, _RETRACE_ACTIONS))
-    form = time_major_form("retrace", n, t, block, _TM_RETRACE_WARPS)
+    form = time_major_form("retrace", n, t, block, _TM_RETRACE_WARPS, dtype)
     return RetraceForm(form.layout, form.group if few_actions else 0, ap >= _RETRACE_PIECES_MIN_AP)
 
 
 def _form(kind: str, p) -> ScanForm:
     """The layout and tile form of a call of fused scan kernel ``kind``."""
     if p.time_major:
-        return time_major_form(kind, p.num_envs, p.seq_len)
+        return time_major_form(kind, p.num_envs, p.seq_len, dtype=p.dtype)
     return scan_form(kind, p.num_envs, p.seq_len, p.dtype)
 
 
@@ -827,11 +842,12 @@ def _scan_plan(kernel, n: int, device, constexprs: dict, layout: Layout, cached:
         return _Plan(kernel, device, [launch], (0, cpb), cached)
     acc = torch.float64 if constexprs["ACC"] == tl.float64 else torch.float32
     one = cpb == 1 and _ONE_CHUNK_BLOCKS
-    if layout.lookback:
-        phase = 3 if _TICKET else 5 if n * nk <= _EPOCH_MAX_BLOCKS else 4
+    if layout.lookback:  # one env per program (n rows), or blocks of tiles.bn time-major envs (core.lookback_envs)
+        blocks = env_programs * nk
+        phase = 3 if _TICKET and tiles.bn == 1 else 5 if blocks <= _EPOCH_MAX_BLOCKS else 4
         options = _cap_option(layout.maxnreg)
-        launch = ((n * nk, 1), {**constexprs, "PHASE": phase, "ONE": one, "NKP": layout.window, **options}, tiles.warps)
-        return _Plan(kernel, device, [launch], (3, n, nk, acc, phase == 5), cached)
+        launch = ((blocks, 1), {**constexprs, "PHASE": phase, "ONE": one, "NKP": layout.window, **options}, tiles.warps)
+        return _Plan(kernel, device, [launch], (3, env_programs, nk, acc, phase == 5, tiles.bn), cached)
     nkp = _pow2(nk)
     launches = [
         ((env_programs, nk), {**constexprs, "PHASE": phase, "ONE": one, "NKP": nkp}, tiles.warps) for phase in (1, 2)
@@ -969,7 +985,7 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
 
     def build(cached: bool) -> _Plan:
         if p.time_major:
-            form = retrace_time_major_form(p.num_envs, p.seq_len, p.num_actions)
+            form = retrace_time_major_form(p.num_envs, p.seq_len, p.num_actions, p.dtype)
         else:
             form = retrace_layout(p.num_envs, p.seq_len, p.num_actions, p.dtype)
         constexprs = dict(
