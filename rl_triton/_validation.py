@@ -159,7 +159,7 @@ def _is_time_major(t: torch.Tensor) -> bool:
     return False
 
 
-def _time_major(steps: dict, flags: dict, per_action: dict, actions) -> bool:
+def _time_major(steps: dict, flags: dict, per_action: dict, actions, dtype: torch.dtype) -> bool:
     """Whether a call runs time-major: every tensor given (per-step, flags, per-action, actions) is a time-major
     view (:func:`_is_time_major`), and the launcher reads rows of this shape in place (kernels/launch.py,
     time_major_in_place)."""
@@ -173,7 +173,7 @@ def _time_major(steps: dict, flags: dict, per_action: dict, actions) -> bool:
     from .kernels import launch  # imports Triton: only for calls that are time-major
 
     num_actions = next((t.shape[-1] for t in per_action.values() if t is not None), 0)
-    return launch.time_major_in_place(*given[0].shape[:2], num_actions)
+    return launch.time_major_in_place(*given[0].shape[:2], num_actions, dtype)
 
 
 def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | None:
@@ -411,7 +411,7 @@ def _prepare(
                 )
         everything[name] = act
 
-    out.time_major = time_major and not squeeze and _time_major(steps, flags, per_action, actions)
+    out.time_major = time_major and not squeeze and _time_major(steps, flags, per_action, actions, out.dtype)
     # per-env tensors are (N,): contiguous copies as always
     in_place = {n: t for n, t in everything.items() if n not in per_env} if out.time_major else {}
     for name, t in everything.items():

@@ -61,6 +61,7 @@ def test_split_rows(path, name, lookback, monkeypatch):
     of 16, so both levels of windows) and the two-pass split. A second call gives the same bits (the look-back's
     epochs advanced in between)."""
     monkeypatch.setattr(launch, "_TM_LOOKBACK", lookback)
+    monkeypatch.setattr(launch, "_TM_LOOKBACK_MIN_SPLIT", {})  # the discounted returns' too
     kwargs = {k: _tm(v) for k, v in valid_kwargs(name, (3, 2100), device=path.device).items()}
     form = launch.time_major_form("gae", 3, 2100, dtype=torch.float32)
     assert form.layout.lookback == lookback and (form.layout.window < form.layout.nk or not lookback)
@@ -197,6 +198,15 @@ def test_form_policy():
     assert many.group == 0 and many.pieces
     assert many.layout.tiles.bn * many.layout.tiles.bt < few.layout.tiles.bn * few.layout.tiles.bt
     assert launch.time_major_in_place(64, 2048, 4) and not launch.time_major_in_place(16, 262144, 4)
+    # the discounted returns: the look-back only from splits of _TM_LOOKBACK_MIN_SPLIT blocks
+    assert not launch.time_major_form("returns", 4096, 2048, dtype=torch.float32).layout.lookback
+    assert launch.time_major_form("returns", 256, 8192, dtype=torch.float32).layout.lookback
+    # longer rows in place where the look-back serves them: not float64, >= _TM_MIN_ENVS envs, <= 2048 blocks
+    assert launch.time_major_in_place(32, 65536, dtype=torch.float32)
+    assert launch.time_major_in_place(64, 131072, dtype=torch.bfloat16)
+    assert not launch.time_major_in_place(32, 65536, dtype=torch.float64)
+    assert not launch.time_major_in_place(16, 65536, dtype=torch.float32)
+    assert not launch.time_major_in_place(32, 262144, dtype=torch.float32)
 
 
 def test_long_rows_copy(path):

@@ -731,19 +731,38 @@ _TM_WARPS = 4
 _TM_GROUP = 4
 _TM_NDIV = {"returns": 1, "forward": 1}  # by kernel kind; 8 for the others
 _TM_MAX_SPLIT = 128
+# Rows that split (two-pass split of more than one time block) take the look-back over blocks of envs
+# (core.lookback_envs), one chunk per block in windows of at least _TM_WINDOW, except float64 rows and, for the
+# kinds in _TM_LOOKBACK_MIN_SPLIT, splits of fewer time blocks than given there. _TM_NDIV_LOOKBACK: _TM_NDIV of
+# look-back launches. _TM_MAX_LOOKBACK: the most blocks per row read in place (time_major_in_place). Measured on the
+# H200 (python -m benchmarks.time_major; time_major_lookback*_h200.json; float32 kernel us, look-back vs two-pass
+# split): GAE 4096x2048 72.9 vs 86.4, 256x8192 25.4 vs 36.9; V-trace 4096x2048 114.9 vs 142.3; Retrace (A = 4)
+# 4096x2048 387.0 vs 506.4; TD(lambda) 256x8192 24.5 vs 36.2; the discounted returns 256x8192 22.6 vs 30.5 (with
+# vector loads: 27.4 with scalar ones) but 4096x2048 64.7 vs 58.6 and 1024x2048 21.6 vs 18.2 (splits of 8 and 32
+# blocks); traces 256x8192 23.9 vs 34.9, within 7% either way at shorter splits. Windows of 64 were slower.
 _TM_LOOKBACK = True
 _TM_WINDOW = 16
+_TM_LOOKBACK_MIN_SPLIT = {"returns": 64}
+_TM_NDIV_LOOKBACK = {"forward": 1}
+_TM_MAX_LOOKBACK = 2048
 
 
-def time_major_in_place(n: int, t: int, num_actions: int = 0) -> bool:
-    """Whether time-major rows of (n, t) (Retrace's with ``num_actions``) are read in place (else the validation
-    copies them contiguous): not where they would split into more than _TM_MAX_SPLIT time blocks (few envs, long
-    rows: the two-pass split's second pass folds that many aggregates per row, and contiguous rows take the
-    look-back). Measured on the H200 (time_major_split_h200.json; float32 us, in place vs copy path): 128 blocks
-    (32x8192, 256x8192) 13.1-49.6 vs 15.4-102.6, all four functions faster in place; 256 (64x16384) GAE and V-trace
-    faster, the discounted returns and traces slower (27.6-31.4 vs 24.3-24.4); 1024 (16x262,144) 525-631 vs 54-144."""
-    form = retrace_time_major_form(n, t, num_actions) if num_actions else time_major_form("gae", n, t)
-    return form.layout.nk <= _TM_MAX_SPLIT
+def time_major_in_place(n: int, t: int, num_actions: int = 0, dtype: torch.dtype | None = None) -> bool:
+    """Whether time-major rows of (n, t) (Retrace's with ``num_actions``) of ``dtype`` are read in place (else the
+    validation copies them contiguous).
+
+    - Rows that split into at most _TM_MAX_SPLIT time blocks are. Measured on the H200 (time_major_split_h200.json;
+      float32 us, in place vs copy path, two-pass split): 128 blocks (32x8192, 256x8192) 13.1-49.6 vs 15.4-102.6.
+    - Longer ones where the look-back serves them (not float64) with at least _TM_MIN_ENVS envs and at most
+      _TM_MAX_LOOKBACK blocks per row (time_major_lookback_long*_h200.json; in place vs copy path): 32x65536 (1024
+      blocks) GAE 28.0 vs 58.7, discounted returns 34.7 vs 38.0, traces 30.0 vs 37.8; 64x131072 (2048) 154.5 vs
+      206.3, 135.0 vs 134.0, 118.2 vs 132.2. Copied: 16x262,144 (4096 blocks) 112.8-148.1 vs 54.0-79.9; 16x65536
+      (half of each env block masked) 25.8-32.8 vs 20.8-28.3."""
+    split = retrace_time_major_form(n, t, num_actions) if num_actions else time_major_form("gae", n, t)
+    if split.layout.nk <= _TM_MAX_SPLIT:
+        return True
+    lookback = _TM_LOOKBACK and dtype is not None and dtype != torch.float64 and n >= _TM_MIN_ENVS
+    return lookback and _cdiv(t, split.layout.tiles.bt) <= _TM_MAX_LOOKBACK
 
 
 def time_major_form(
@@ -765,7 +784,13 @@ def time_major_form(
     tiles = Tiles(bn, bt, warps or _TM_WARPS)
     n_chunks = _cdiv(t, bt)
     nk, cpb = _time_blocks(_cdiv(n, bn), n_chunks)
-    if nk > 1 and _TM_LOOKBACK and dtype is not None and dtype != torch.float64:
+    if (
+        nk > 1
+        and _TM_LOOKBACK
+        and dtype is not None
+        and dtype != torch.float64
+        and nk >= _TM_LOOKBACK_MIN_SPLIT.get(kind, 0)
+    ):
         window = min(_pow2(n_chunks), _TM_WINDOW)
         while window * window < n_chunks:  # core.lookback folds at most `window` windows
             window *= 2
@@ -802,13 +827,14 @@ def _form(kind: str, p) -> ScanForm:
     return scan_form(kind, p.num_envs, p.seq_len, p.dtype)
 
 
-def _tm(p, kind: str) -> int:
+def _tm(p, kind: str, lookback: bool = False) -> int:
     """The TM constexpr of a call of fused scan kernel ``kind``: 0 for env-major rows; for time-major ones the
-    largest power of 2 up to _TM_NDIV[kind] (default 8) that divides the env count (core.env_count: with float32
-    envs in 4s every step starts 16-byte aligned, and loads along the envs vectorise)."""
+    largest power of 2 up to _TM_NDIV[kind] (_TM_NDIV_LOOKBACK[kind] for the look-back; default 8) that divides
+    the env count (core.env_count: with float32 envs in 4s every step starts 16-byte aligned, and loads along the
+    envs vectorise)."""
     if not p.time_major:
         return 0
-    d = _TM_NDIV.get(kind, 8)
+    d = (_TM_NDIV_LOOKBACK if lookback else _TM_NDIV).get(kind, 8)
     while p.num_envs % d:
         d //= 2
     return d
@@ -870,7 +896,7 @@ def _bootstrapped_plan(kernel, kind: str, p, next_all: bool, cached: bool, **ext
     constexprs = dict(
         HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, **extra, ACC=_acc(p.dtype),
-        GROUPED=form.group, EXACT_T=form.exact_t, TDIV=_tdiv(p, form.exact_t), TM=_tm(p, kind),
+        GROUPED=form.group, EXACT_T=form.exact_t, TDIV=_tdiv(p, form.exact_t), TM=_tm(p, kind, form.layout.lookback),
     )  # fmt: skip
     return _scan_plan(kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
@@ -992,7 +1018,7 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float) -> tu
             A=p.num_actions, AP=_pow2(p.num_actions), PIECES=form.pieces, HAS_TRUNC=t.get("truncateds") is not None,
             ACC=_acc(p.dtype), GROUPED=form.group, EXACT_T=form.exact_t, SHIFT=form.shift,
             PI_TILE=form.pi_tile and t.get("next_action_probs_target") is None,
-            TDIV=_tdiv(p, form.exact_t), TM=_tm(p, "retrace"),
+            TDIV=_tdiv(p, form.exact_t), TM=_tm(p, "retrace", form.layout.lookback),
         )  # fmt: skip
         return _scan_plan(fused.retrace_kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
@@ -1019,7 +1045,7 @@ def returns(p, gamma: float, lambda_: float, adv: bool = False):
         constexprs = dict(
             HAS_NV=t.get("next_values") is not None, HAS_TRUNC=t.get("truncateds") is not None,
             HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype), GROUPED=form.group,
-            EXACT_T=form.exact_t, TDIV=_tdiv(p, form.exact_t), TM=_tm(p, kind),
+            EXACT_T=form.exact_t, TDIV=_tdiv(p, form.exact_t), TM=_tm(p, kind, form.layout.lookback),
         )  # fmt: skip
         return _scan_plan(fused.returns_kernel, p.num_envs, p.device, constexprs, form.layout, cached=cached)
 
@@ -1038,11 +1064,11 @@ def forward_trace(p, scale: float, starts_at: bool) -> torch.Tensor:
     out = p.new_output()
 
     def build(cached: bool) -> _Plan:
+        layout = _form("forward", p).layout
         constexprs = dict(
             STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype),
-            TDIV=_tdiv(p), TM=_tm(p, "forward"),
+            TDIV=_tdiv(p), TM=_tm(p, "forward", layout.lookback),
         )  # fmt: skip
-        layout = _form("forward", p).layout
         return _scan_plan(fused.forward_trace_kernel, p.num_envs, p.device, constexprs, layout, cached=cached)
 
     _run(
