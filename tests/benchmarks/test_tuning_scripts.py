@@ -216,14 +216,14 @@ def test_time_major_knobs_exist():
 
 _TM_COMPILES = [
     ("gae", 4096, 24), ("vtrace", 4096, 24), ("returns", 4096, 24), ("lambda", 4096, 24), ("traces", 4096, 24),
-    ("gae", 4096, 8), ("vtrace", 4096, 8), ("gae", 64, 2048), ("prefix", 64, 2048), ("retrace", 4096, 24),
-    ("retrace", 4096, 8), ("retrace", 64, 2048),
+    ("gae", 4096, 8), ("vtrace", 4096, 8), ("gae", 64, 2048), ("prefix", 64, 2048), ("returns", 4096, 2048),
+    ("retrace", 4096, 24), ("retrace", 4096, 8), ("retrace", 64, 2048),
 ]  # fmt: skip
 
 
 def test_time_major_launches_compile_for_sm90():
     """The time-major forms of every kernel compile for sm_90 (offline, no GPU): group-major and env-major
-    tiles, the forward scans' plain tiles, the two-pass split. The interpreter runs the kernels as
+    tiles, the forward scans' plain tiles, the two-pass split, the look-back over blocks of envs. The interpreter runs the kernels as
     Python, so it cannot catch what only Triton's compiler rejects (such as a constexpr branch returning tiles
     of another shape: found on the GPU, NOTES.md "Time-major rollout buffers")."""
     import json
@@ -244,4 +244,4 @@ def test_time_major_launches_compile_for_sm90():
     rows = json.loads(proc.stdout)
     assert all(r["constexprs"]["TM"] >= 1 and r["registers"] > 0 and r["stack_bytes"] == 0 for r in rows)
     assert {r["constexprs"].get("GROUPED") for r in rows} >= {4, -4, None}  # None: the forward kernel's plain tiles
-    assert {r["constexprs"]["PHASE"] for r in rows} == {0, 1, 2}
+    assert {r["constexprs"]["PHASE"] for r in rows} == {0, 1, 2, 5}  # the two-pass split, the look-back
