@@ -739,7 +739,7 @@ _TM_MAX_SPLIT = 128
 # split): GAE 4096x2048 72.9 vs 86.4, 256x8192 25.4 vs 36.9; V-trace 4096x2048 114.9 vs 142.3; Retrace (A = 4)
 # 4096x2048 387.0 vs 506.4; TD(lambda) 256x8192 24.5 vs 36.2; the discounted returns 256x8192 22.6 vs 30.5 (with
 # vector loads: 27.4 with scalar ones) but 4096x2048 64.7 vs 58.6 and 1024x2048 21.6 vs 18.2 (splits of 8 and 32
-# blocks); traces 256x8192 23.9 vs 34.9, within 7% either way at shorter splits. Windows of 64 were slower.
+# blocks); traces 256x8192 23.9 vs 34.9, 12% faster to 10% slower at shorter splits. Windows of 64 were slower.
 _TM_LOOKBACK = True
 _TM_WINDOW = 16
 _TM_LOOKBACK_MIN_SPLIT = {"returns": 64}

@@ -223,9 +223,10 @@ _TM_COMPILES = [
 
 def test_time_major_launches_compile_for_sm90():
     """The time-major forms of every kernel compile for sm_90 (offline, no GPU): group-major and env-major
-    tiles, the forward scans' plain tiles, the two-pass split, the look-back over blocks of envs. The interpreter runs the kernels as
-    Python, so it cannot catch what only Triton's compiler rejects (such as a constexpr branch returning tiles
-    of another shape: found on the GPU, NOTES.md "Time-major rollout buffers")."""
+    tiles, the forward scans' plain tiles, the two-pass split, the look-back over blocks of envs. The
+    interpreter runs the kernels as Python, so it cannot catch what only Triton's compiler rejects (such as a
+    constexpr branch returning tiles of another shape: found on the GPU, NOTES.md "Time-major rollout
+    buffers")."""
     import json
     import os
     import subprocess
