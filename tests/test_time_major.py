@@ -201,6 +201,10 @@ def test_form_policy():
     # the discounted returns: the look-back only from splits of _TM_LOOKBACK_MIN_SPLIT blocks
     assert not launch.time_major_form("returns", 4096, 2048, dtype=torch.float32).layout.lookback
     assert launch.time_major_form("returns", 256, 8192, dtype=torch.float32).layout.lookback
+    # V-trace too, with 2-byte inputs
+    assert launch.time_major_form("vtrace", 4096, 2048, dtype=torch.float32).layout.lookback
+    assert not launch.time_major_form("vtrace", 4096, 2048, dtype=torch.bfloat16).layout.lookback
+    assert launch.time_major_form("vtrace", 256, 8192, dtype=torch.bfloat16).layout.lookback
     # longer rows in place where the look-back serves them: not float64, >= _TM_MIN_ENVS envs, <= 2048 blocks
     assert launch.time_major_in_place(32, 65536, dtype=torch.float32)
     assert launch.time_major_in_place(64, 131072, dtype=torch.bfloat16)

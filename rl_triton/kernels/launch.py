@@ -732,17 +732,20 @@ _TM_GROUP = 4
 _TM_NDIV = {"returns": 1, "forward": 1}  # by kernel kind; 8 for the others
 _TM_MAX_SPLIT = 128
 # Rows that split (two-pass split of more than one time block) take the look-back over blocks of envs
-# (core.lookback_envs), one chunk per block in windows of at least _TM_WINDOW, except float64 rows and, for the
-# kinds in _TM_LOOKBACK_MIN_SPLIT, splits of fewer time blocks than given there. _TM_NDIV_LOOKBACK: _TM_NDIV of
-# look-back launches. _TM_MAX_LOOKBACK: the most blocks per row read in place (time_major_in_place). Measured on the
+# (core.lookback_envs), one chunk per block in windows of at least _TM_WINDOW, except float64 rows and, for the kinds
+# and element sizes in _TM_LOOKBACK_MIN_SPLIT, splits of fewer time blocks than given there. _TM_NDIV_LOOKBACK: _TM_NDIV
+# of look-back launches. _TM_MAX_LOOKBACK: the most blocks per row read in place (time_major_in_place). Measured on the
 # H200 (python -m benchmarks.time_major; time_major_lookback*_h200.json; float32 kernel us, look-back vs two-pass
-# split): GAE 4096x2048 72.9 vs 86.4, 256x8192 25.4 vs 36.9; V-trace 4096x2048 114.9 vs 142.3; Retrace (A = 4)
-# 4096x2048 387.0 vs 506.4; TD(lambda) 256x8192 24.5 vs 36.2; the discounted returns 256x8192 22.6 vs 30.5 (with
-# vector loads: 27.4 with scalar ones) but 4096x2048 64.7 vs 58.6 and 1024x2048 21.6 vs 18.2 (splits of 8 and 32
-# blocks); traces 256x8192 23.9 vs 34.9, 12% faster to 10% slower at shorter splits. Windows of 64 were slower.
+# split): GAE 4096x2048 72.9 vs 86.4, 256x8192 25.4 vs 36.9; V-trace 4096x2048 114.9 vs 142.3; Retrace (A = 4) 4096x2048
+# 387.0 vs 506.4; TD(lambda) 256x8192 24.5 vs 36.2; the discounted returns 256x8192 22.6 vs 30.5 (with vector loads:
+# 27.4 with scalar ones) but 4096x2048 64.7 vs 58.6 and 1024x2048 21.6 vs 18.2 (splits of 8 and 32 blocks); traces
+# 256x8192 23.9 vs 34.9, 12% faster to 10% slower at shorter splits. Windows of 64 were slower. bfloat16
+# (time_major_bf16_lookback_ab_h200.json): GAE and TD(lambda) as in float32 (4096x2048 64.0 vs 72.5, 62.8 vs 68.2;
+# 256x8192 22.5 vs 34.1, 21.7 vs 33.8), but V-trace slower at splits of 8-32 blocks (4096x2048 130.4 vs 104.8, 1024x2048
+# 39.6 vs 28.1; 256x8192 40.0 vs 39.9), hence its 2-byte threshold.
 _TM_LOOKBACK = True
 _TM_WINDOW = 16
-_TM_LOOKBACK_MIN_SPLIT = {"returns": 64}
+_TM_LOOKBACK_MIN_SPLIT = {"returns": {4: 64, 2: 64}, "vtrace": {2: 64}}  # kind -> element size -> blocks
 _TM_NDIV_LOOKBACK = {"forward": 1}
 _TM_MAX_LOOKBACK = 2048
 
@@ -789,7 +792,7 @@ def time_major_form(
         and _TM_LOOKBACK
         and dtype is not None
         and dtype != torch.float64
-        and nk >= _TM_LOOKBACK_MIN_SPLIT.get(kind, 0)
+        and nk >= _TM_LOOKBACK_MIN_SPLIT.get(kind, {}).get(dtype.itemsize, 0)
     ):
         window = min(_pow2(n_chunks), _TM_WINDOW)
         while window * window < n_chunks:  # core.lookback folds at most `window` windows
