@@ -412,10 +412,8 @@ def _prepare(
         everything[name] = act
 
     out.time_major = time_major and not squeeze and _time_major(steps, flags, per_action, actions, out.dtype)
-    # per-env tensors are (N,): contiguous copies as always
-    in_place = {n: t for n, t in everything.items() if n not in per_env} if out.time_major else {}
-    for name, t in everything.items():
-        out.tensors[name] = t if name in in_place else _layout(name, t, squeeze)
+    for name, t in everything.items():  # a time-major call's per-env (N,) tensors are made contiguous as always
+        out.tensors[name] = t if out.time_major and name not in per_env else _layout(name, t, squeeze)
     like = _first_given(steps)
     out.like = None if like is None else out.tensors[like]
     return out

@@ -422,7 +422,7 @@ def _fold_tagged(p_a, p_b, o_b, m_b, LEVEL, W: tl.constexpr):
     until the words of the blocks ``o_b`` [S] (where ``m_b``) carry LEVEL or later, then fold them in order.
     Returns (A, B) [W]."""
     off = o_b.to(tl.int64)[:, None] * W + tl.arange(0, W)[None, :]
-    m = m_b[:, None] & (off >= 0)
+    m = m_b[:, None] & (off >= 0)  # (off >= 0: always true) broadcasts the mask to [S, W]
     wa = tl.load(p_a + off, mask=m, other=0, volatile=True)
     wb = tl.load(p_b + off, mask=m, other=0, volatile=True)
     while tl.min(tl.min(_tag_late(wa, wb, m, LEVEL), 1), 0) < 0:

@@ -630,6 +630,15 @@ def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
     return _cdiv(n_chunks, cpb), cpb
 
 
+def _lookback_window(n_chunks: int, window: int) -> int:
+    """The look-back's window for rows of ``n_chunks`` one-chunk blocks: ``window`` (at most the blocks rounded up
+    to a power of 2), doubled until ``window`` windows cover the row (core.lookback folds at most that many)."""
+    window = min(_pow2(n_chunks), window)
+    while window * window < n_chunks:
+        window *= 2
+    return window
+
+
 def _layout(
     n: int, t_len: int, tiles: Tiles, split_key: str, warps_for=None, dtype: torch.dtype | None = None
 ) -> Layout:
@@ -657,9 +666,7 @@ def _layout(
         if n_chunks == 1:
             return Layout(tiles, 1, 1, False)
     if lookback and tiles.bn == 1:
-        window = min(_pow2(n_chunks), window)
-        while window * window < n_chunks:  # core.lookback folds at most `window` windows
-            window *= 2
+        window = _lookback_window(n_chunks, window)
         if _MAXNREG is not None:
             maxnreg = _MAXNREG or None
         if dtype not in (None, torch.float32):  # the caps were measured with float32 inputs only
@@ -794,10 +801,7 @@ def time_major_form(
         and dtype != torch.float64
         and nk >= _TM_LOOKBACK_MIN_SPLIT.get(kind, {}).get(dtype.itemsize, 0)
     ):
-        window = min(_pow2(n_chunks), _TM_WINDOW)
-        while window * window < n_chunks:  # core.lookback folds at most `window` windows
-            window *= 2
-        return ScanForm(Layout(tiles, n_chunks, 1, True, window), group)
+        return ScanForm(Layout(tiles, n_chunks, 1, True, _lookback_window(n_chunks, _TM_WINDOW)), group)
     return ScanForm(Layout(tiles, nk, cpb, False), group)
 
 
