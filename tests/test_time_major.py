@@ -30,6 +30,8 @@ def _tm(x):
     return x
 
 
+_FORWARD = ("compute_eligibility_traces", "compute_episodic_prefix_sum")  # forward scans: plain tiles only
+
 _SHAPES = [
     pytest.param((3, 5), id="N3-T5"),  # fewer envs than one block; env-major groups
     pytest.param((40, 8), id="N40-T8"),  # envs a multiple of 8, one group of 8 steps
@@ -67,6 +69,22 @@ def test_split_rows(path, name, lookback, monkeypatch):
     assert form.layout.lookback == lookback and (form.layout.window < form.layout.nk or not lookback)
     out = check(name, **kwargs, **F32_TOL)[0]
     equal_results(out, getattr(R, name)(**kwargs), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("group", [-1, None], ids=["descending", "group-major"])
+@pytest.mark.parametrize("name", [n for n in FUNCTIONS if n not in _FORWARD])
+def test_tile_forms(path, name, group, monkeypatch):
+    """Both tile forms of the reverse recurrences on time-major rows longer than one env-major group: descending
+    plain tiles (kernels/core.py, GROUPED = -1; Retrace's policy) and group-major ones (the others' policy;
+    Retrace's before), single pass and split into time blocks, against the reference and the contiguous call."""
+    monkeypatch.setattr(launch, "_TM_RETRACE_GROUP", group)
+    if group is not None:
+        monkeypatch.setattr(launch, "_TM_GROUP", group)
+    for shape in [(70, 300), (3, 2100)]:
+        kwargs = valid_kwargs(name, shape, device=path.device)
+        want = getattr(R, name)(**kwargs)
+        out = check(name, **{k: _tm(v) for k, v in kwargs.items()}, **F32_TOL)[0]
+        equal_results(out, want, atol=1e-6, rtol=1e-6)
 
 
 def test_lookback_zeroed_flags(path, monkeypatch):
@@ -192,10 +210,10 @@ def test_form_policy():
     assert not launch.time_major_form("gae", 64, 4096, dtype=torch.float64).layout.lookback
     assert launch.time_major_in_place(64, 2048) and not launch.time_major_in_place(16, 262144)
     few = launch.retrace_time_major_form(4096, 24, 4)
-    assert few.group == 4 and not few.pieces and few.layout.tiles.bn >= launch._TM_MIN_ENVS
+    assert few.group == -1 and not few.pieces and few.layout.tiles.bn >= launch._TM_MIN_ENVS  # descending tiles
     assert launch.retrace_time_major_form(4096, 8, 4).group == -4
     many = launch.retrace_time_major_form(4096, 24, 18)
-    assert many.group == 0 and many.pieces
+    assert many.group == -1 and many.pieces
     assert many.layout.tiles.bn * many.layout.tiles.bt < few.layout.tiles.bn * few.layout.tiles.bt
     assert launch.time_major_in_place(64, 2048, 4) and not launch.time_major_in_place(16, 262144, 4)
     # the discounted returns: the look-back only from splits of _TM_LOOKBACK_MIN_SPLIT blocks

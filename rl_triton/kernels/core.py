@@ -40,6 +40,10 @@ def linear_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
 #   [G, BN] tile (carry_tile).
 # * env-major grouped (GROUPED = -4; chunks of <= 8 steps): [BN, G, 4], groups along axis 1, so a
 #   thread holds a whole short row and the scan across its groups stays in registers.
+# * descending plain (GROUPED = -1; reverse recurrences on time-major rows): [BN, BT] with time
+#   descending along the tile (processing order), so the reverse recurrence is a forward
+#   tl.associative_scan. On env-major rows the descending offsets would cost the vector loads; on
+#   time-major ones the loads run along the envs either way (launch._TM_RETRACE_GROUP).
 #
 # Why: Triton lowers tl.associative_scan(reverse=True) with lane-reversing shuffles of every element
 # (320 shfl.bfly + 12 shfl.up per thread for a 2048-step chunk with 4 warps, 12 shfl.up for the
@@ -207,6 +211,11 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUP
     chunk's aggregate for multi-block scans."""
     if GROUPED > 0:
         b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
+    elif GROUPED == -1:  # descending plain tiles: processing order along the tile, a forward scan
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine)
+        b_x = b_A * b_carry[:, None] + b_B
+        b_carry_new = _edge(b_x, 1, False, False)
+        b_Ac = _edge(b_A, 1, False, False)
     elif GROUPED < 0:
         b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry)
     else:
@@ -224,17 +233,17 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
     slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
     if GROUPED > 0:
         b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
-    elif GROUPED < 0:
+    elif GROUPED < -1:
         b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry)
     else:
         b_A, b_B, b_nA, b_nB = tl.associative_scan(
             (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
-            linear_combine_next, reverse=REVERSE,
+            linear_combine_next, reverse=REVERSE and GROUPED == 0,
         )  # fmt: skip
         b_x = b_A * b_carry[:, None] + b_B
         b_xn = b_nA * b_carry[:, None] + b_nB
-        b_carry_new = _edge(b_x, 1, REVERSE, False)
-        b_Ac = _edge(b_A, 1, REVERSE, False)
+        b_carry_new = _edge(b_x, 1, REVERSE and GROUPED == 0, False)
+        b_Ac = _edge(b_A, 1, REVERSE and GROUPED == 0, False)
     return b_x, b_xn, b_carry_new, b_Ac
 
 
@@ -590,6 +599,12 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         o_nb = o_n[None, :, None]
         m_nb = m_n[None, :, None]
         off = o_row[None, :, None] + o_t * ST
+    elif GROUPED == -1:
+        tl.static_assert(REVERSE, "descending tiles serve reverse recurrences only")
+        o_t = (i_c * BT + (BT - 1 - tl.arange(0, BT)))[None, :]  # processing order: the latest step first
+        o_nb = o_n[:, None]
+        m_nb = m_n[:, None]
+        off = o_row[:, None] + o_t * ST
     elif GROUPED < 0:
         tl.static_assert(REVERSE and GROUPED == -4, "env-major groups: reverse recurrences, 4 steps")
         G: tl.constexpr = BT // 4

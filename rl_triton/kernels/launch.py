@@ -815,6 +815,16 @@ def time_major_form(
 # variants (blocks of 512-2048, 4 warps, plain tiles), none won at every shape.
 _TM_RETRACE_BLOCK = 1024
 _TM_RETRACE_WARPS = 8
+# Time-major Retrace rows take descending plain tiles (GROUPED = -1, kernels/core.py: time descends along the tile,
+# so the reverse recurrence is a forward scan, without the lane-reversing shuffles of a reverse one; the loads run
+# along the envs either way), except the env-major groups of rows of at most _ENV_MAJOR_MAX_BT steps with few
+# actions. None: the tile forms of time_major_form (few actions) or plain tiles (more). Measured on the H200
+# (time_major_desc_retrace_h200.json, kernel us, descending vs the previous forms): float32 A = 4 4096x2048 351.4 vs
+# 387.6, 1024x2048 101.0 vs 106.7, 4096x512 93.8 vs 99.6, 256x8192 104.8 vs 110.8, 64x512 12.4 vs 13.1, 16384x32 21.8
+# vs 23.8, 4096x24 10.6 vs 11.4; A = 18 (plain tiles before) 16384x32 38.7 vs 48.1, 4096x2048 658.1 vs 688.4, 256x8192
+# 228.4 vs 228.0; bfloat16 A = 4 16384x32 15.2 vs 19.9, 4096x2048 346.2 vs 344.1. GAE, V-trace and the returns keep
+# group-major tiles (time_major_desc_h200.json: V-trace 4096x2048 145.8 vs 115.0, GAE 1024x2048 26.8 vs 24.4).
+_TM_RETRACE_GROUP = -1
 
 
 def retrace_time_major_form(n: int, t: int, num_actions: int, dtype: torch.dtype | None = None) -> RetraceForm:
@@ -824,7 +834,13 @@ def retrace_time_major_form(n: int, t: int, num_actions: int, dtype: torch.dtype
     scale = _RETRACE_ACTIONS if few_actions else _RETRACE_MANY_ACTIONS
     block = max(_RETRACE_MIN_BLOCK, _TM_RETRACE_BLOCK * scale // max(ap, _RETRACE_ACTIONS))
     form = time_major_form("retrace", n, t, block, _TM_RETRACE_WARPS, dtype)
-    return RetraceForm(form.layout, form.group if few_actions else 0, ap >= _RETRACE_PIECES_MIN_AP)
+    if few_actions and form.group == -4:
+        group = -4
+    elif _TM_RETRACE_GROUP is not None:
+        group = _TM_RETRACE_GROUP
+    else:
+        group = form.group if few_actions else 0
+    return RetraceForm(form.layout, group, ap >= _RETRACE_PIECES_MIN_AP)
 
 
 def _form(kind: str, p) -> ScanForm:
