@@ -121,13 +121,14 @@ def test_no_recompilation_within_a_size_class():
 
     # A size class: the power-of-two bucket of T (capped at the chunk size), whether T % 16 == 0
     # (Triton's default integer specialisation, kept for T so that rows are 16-byte aligned) and, when
-    # not, whether T is a multiple of 8 or 4 (launch._row_divisor); rows of exactly 4 or 8 steps are
-    # classes of their own (EXACT_T).
+    # not, whether T is a multiple of 8 or 4 (launch._row_divisor); rows of exactly 4 or 8 steps, and rows
+    # of exactly one chunk of 1024 or more steps in programs of one env, are classes of their own (EXACT_T).
     for first, rest in [
         ((64, 601), [(63, 701), (17, 1001), (100, 1023)]),
         ((64, 600), [(63, 696), (17, 1000), (100, 520)]),
         ((64, 604), [(63, 700), (17, 1004), (100, 524)]),
-        ((64, 608), [(63, 704), (17, 1008), (100, 1024)]),
+        ((64, 608), [(63, 704), (17, 1008), (100, 1008)]),
+        ((64, 1024), [(63, 1024), (17, 1024), (100, 1024)]),
     ]:
         gae(*first, 0.99, 0.95)
         before = _cache_size(fused.gae_kernel)

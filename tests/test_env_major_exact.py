@@ -81,6 +81,20 @@ def _as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
+def _checked(fn, args, kwargs, tol):
+    """``fn(*args, **kwargs)`` as a tuple, checked against the float64 reference (a private next-value form: against
+    the PyTorch path)."""
+    if hasattr(reference, fn.__name__):
+        return _as_tuple(check(fn.__name__, *args, **kwargs, **tol)[0])
+    got = _as_tuple(fn(*args, **kwargs))
+    with R.use_backend("torch"):
+        cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        want = _as_tuple(fn(*(a.cpu() for a in args), **cpu))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu().double(), w.double(), atol=tol["atol"], rtol=tol["rtol"])
+    return got
+
+
 def _check_variant(path, monkeypatch, variant, case, shape, dtype=torch.float32, flag_dtype=torch.bool, tol=F32_TOL):
     make, kind = CASES[case]
     fn, args, kwargs = make(shape, device=path.device, dtype=dtype, flag_dtype=flag_dtype)
@@ -98,15 +112,7 @@ def _check_variant(path, monkeypatch, variant, case, shape, dtype=torch.float32,
         assert form.layout.tiles.warps == variant[2] or (
             variant[2] is None and form.layout.tiles.warps == (4 if whole_rows else 8)
         )
-    if hasattr(reference, fn.__name__):
-        got = _as_tuple(check(fn.__name__, *args, **kwargs, **tol)[0])
-    else:  # a private next-value form: against the PyTorch path
-        got = _as_tuple(fn(*args, **kwargs))
-        with R.use_backend("torch"):
-            cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-            want = _as_tuple(fn(*(a.cpu() for a in args), **cpu))
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g.cpu().double(), w.double(), atol=tol["atol"], rtol=tol["rtol"])
+    got = _checked(fn, args, kwargs, tol)
     one_each = old.bn * old.bt == 32 * old.warps
     for g, b in zip(got, before, strict=True):  # the same arithmetic: the same bits
         if exact and case in _TWO_PRODUCTS and one_each and path.name == "cuda":
@@ -168,3 +174,31 @@ def test_exact_rows_round_alike_at_any_number_of_envs(path, t):
             *(a[:n] for a in args), **{**kwargs, "bootstrap_values": kwargs["bootstrap_values"][:n]}
         )
         assert torch.equal(part, whole[:n])
+
+
+@pytest.mark.parametrize("shape", [(3, 1024), (2, 2048)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_chunk_rows(path, monkeypatch, shape, case):
+    """Rows of exactly one chunk of 1024 or more steps, in programs of one env (launch._EXACT_T_ONE_CHUNK): the
+    row length a constexpr and the env mask a constant (core.env_block), so that every mask of the chunk folds away.
+    Against the reference, and against the form without them: the same bits, but where the compiler may fuse the
+    other product of TD(lambda)'s sum (see above)."""
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    from rl_triton.kernels import launch
+
+    make, kind = CASES[case]
+    fn, args, kwargs = make(shape, device=path.device, dtype=torch.float32, flag_dtype=torch.bool)
+    assert launch.scan_form(kind, *shape, torch.float32).exact_t == (kind in launch._EXACT_T_ONE_CHUNK)
+    monkeypatch.setattr(launch, "_EXACT_T_ONE_CHUNK", ())
+    assert not launch.scan_form(kind, *shape, torch.float32).exact_t
+    before = _as_tuple(fn(*args, **kwargs))
+    monkeypatch.setattr(launch, "_EXACT_T_ONE_CHUNK", (kind,))  # V-trace's too, which the policy leaves out
+    form = launch.scan_form(kind, *shape, torch.float32)
+    assert form.exact_t and form.layout.tiles.bn == 1 and form.layout.tiles.bt == shape[1] and form.group > 0
+    got = _checked(fn, args, kwargs, F32_TOL)
+    for g, b in zip(got, before, strict=True):
+        if (case in _TWO_PRODUCTS or kind == "vtrace") and path.name == "cuda":  # V-trace: contracted differently
+            torch.testing.assert_close(g, b, atol=1e-6 * b.abs().max().item(), rtol=1e-6)
+        else:
+            assert torch.equal(g, b)

@@ -513,10 +513,10 @@ def row_length(T, TDIV: tl.constexpr, EXACT_T: tl.constexpr = False, BT: tl.cons
     TDIV > 1 only where that holds: launch._row_divisor). Triton specialises an integer argument on
     divisibility by 16 only; from a multiple of 4 (or 8) it can prove 4-step rows 16-byte aligned and
     vectorise the loads and the masks against T. (T // TDIV) * TDIV is T, and its divisibility is
-    what the compiler's analysis derives from the multiplication. EXACT_T (single-pass env-major rows of
-    T == BT steps; launch.scan_form): the constexpr BT itself."""
+    what the compiler's analysis derives from the multiplication. EXACT_T (single-pass rows of one chunk, T == BT
+    steps; launch.scan_form, launch.retrace_layout): the constexpr BT itself."""
     if EXACT_T:
-        tl.static_assert(PHASE == 0 and GROUPED == -4, "EXACT_T: single-pass env-major rows")
+        tl.static_assert(PHASE == 0, "EXACT_T: single-pass rows of one chunk")
         T = BT
     elif TDIV > 1:
         T = (T // TDIV) * TDIV
@@ -534,7 +534,9 @@ def env_count(N, TM: tl.constexpr):
 
 
 @triton.jit
-def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr, TM: tl.constexpr = 0):
+def env_block(
+    p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr, TM: tl.constexpr = 0, EXACT_T: tl.constexpr = False
+):
     """The envs of this program: ids [BN], their mask, the offset of each row's first element (int64:
     N * T may exceed 2^31), the program's time block, and in PHASE 5 the row's look-back epoch (0
     otherwise), read here so that the load overlaps the inputs' (:func:`lookback`). In PHASE 3 the
@@ -543,7 +545,11 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr, TM: tl.co
     has started. PHASE 4/5 is the same look-back numbered by program id instead (no atomic
     before the loads; relies on the GPU starting programs in the order of their ids, as CUB's
     decoupled look-back does; the default, launch._TICKET). TM: time-major rows (:func:`time_stride`),
-    whose first elements are the env ids themselves."""
+    whose first elements are the env ids themselves. EXACT_T (:func:`row_length`) with one env per program: the
+    env mask is a constant (the grid has a program per env), so that with the constant row length every mask of
+    the chunk folds away (a constant env mask without EXACT_T made the sm_90 code longer, not shorter). GAE and the
+    returns pass it; V-trace and Retrace keep the mask, with which their rows of 4 or 8 steps in programs of one env
+    round as without EXACT_T (the constant mask changed which products the compiler fused into FMAs there)."""
     N = env_count(N, TM)
     if PHASE >= 3:
         if PHASE == 3:
@@ -565,7 +571,11 @@ def env_block(p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr, TM: tl.co
         o_row = o_n.to(tl.int64)
     else:
         o_row = o_n.to(tl.int64) * T
-    return o_n, o_n < N, o_row, i_k, epoch
+    if EXACT_T and BN == 1:
+        m_n = tl.full([BN], True, tl.int1)
+    else:
+        m_n = o_n < N
+    return o_n, m_n, o_row, i_k, epoch
 
 
 @triton.jit

@@ -87,7 +87,7 @@ def gae_kernel(
     TM: tl.constexpr = 0,  # time-major rows (core.time_stride; launch._tm)
 ):  # fmt: skip
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T)
     ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -168,7 +168,7 @@ def vtrace_kernel(
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
 ):  # fmt: skip
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)  # the env mask kept: see env_block
     ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
@@ -345,7 +345,7 @@ def retrace_kernel(
 ):  # fmt: skip
     tl.static_assert(GROUPED == -4 or not SHIFT, "SHIFT: env-major rows of one chunk")
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)  # the env mask kept: see env_block
     ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -404,7 +404,7 @@ def returns_kernel(
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T)
     ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
