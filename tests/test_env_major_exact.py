@@ -202,3 +202,48 @@ def test_one_chunk_rows(path, monkeypatch, shape, case):
             torch.testing.assert_close(g, b, atol=1e-6 * b.abs().max().item(), rtol=1e-6)
         else:
             assert torch.equal(g, b)
+
+
+_WHOLE_CASES = [(c, (3, 6144)) for c in CASES if CASES[c][1] in ("returns", "returns_nv")] + [
+    ("gae-trunc", (3, 3072)),  # a kernel the policy leaves out: the form itself
+    ("retrace", (3, 3072)),
+]
+
+
+@pytest.mark.parametrize("case, shape", _WHOLE_CASES, ids=[f"{c}-{s[0]}x{s[1]}" for c, s in _WHOLE_CASES])
+def test_whole_chunks(path, monkeypatch, case, shape):
+    """Single-pass rows of several whole chunks in programs of one env (launch._WHOLE_CHUNKS): no time mask and a
+    constant env mask (core.chunk, core.env_block). Rows kept unsplit (launch._TARGET_PROGRAMS) so that a few envs
+    walk them. Against the reference, and against the form without them: the same bits (V-trace's and Retrace's
+    products may be fused differently on the GPU, as with EXACT_T above)."""
+    if not path.is_kernel:
+        pytest.skip("a kernel tile form")
+    from rl_triton.kernels import launch
+    from tests import test_retrace
+
+    monkeypatch.setattr(launch, "_TARGET_PROGRAMS", 2)
+    if case == "retrace":
+        kind = "retrace"
+        fn, (args, kwargs) = R.compute_retrace, test_retrace.make_case(shape, device=path.device)
+    else:
+        make, kind = CASES[case]
+        fn, args, kwargs = make(shape, device=path.device, dtype=torch.float32, flag_dtype=torch.bool)
+
+    def form():
+        if kind == "retrace":
+            return launch.retrace_layout(*shape, 4, torch.float32)  # make_case's 4 actions
+        return launch.scan_form(kind, *shape, torch.float32)
+
+    assert form().whole == (4 in launch._WHOLE_CHUNKS.get(kind, ()))
+    monkeypatch.setattr(launch, "_WHOLE_CHUNKS", {})
+    assert not form().whole
+    before = _as_tuple(fn(*args, **kwargs))
+    monkeypatch.setattr(launch, "_WHOLE_CHUNKS", {kind: (4,)})  # float32: the policy's Retrace takes 2-byte dtypes
+    layout = form().layout
+    assert form().whole and layout.nk == 1 and layout.cpb > 1 and layout.tiles.bn == 1
+    got = _checked(fn, args, kwargs, F32_TOL)
+    for g, b in zip(got, before, strict=True):
+        if kind in ("retrace", "vtrace") and path.name == "cuda":
+            torch.testing.assert_close(g, b, atol=1e-6 * b.abs().max().item(), rtol=1e-6)
+        else:
+            assert torch.equal(g, b)

@@ -535,7 +535,7 @@ def env_count(N, TM: tl.constexpr):
 
 @triton.jit
 def env_block(
-    p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr, TM: tl.constexpr = 0, EXACT_T: tl.constexpr = False
+    p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr, TM: tl.constexpr = 0, FULL: tl.constexpr = False
 ):
     """The envs of this program: ids [BN], their mask, the offset of each row's first element (int64:
     N * T may exceed 2^31), the program's time block, and in PHASE 5 the row's look-back epoch (0
@@ -545,11 +545,12 @@ def env_block(
     has started. PHASE 4/5 is the same look-back numbered by program id instead (no atomic
     before the loads; relies on the GPU starting programs in the order of their ids, as CUB's
     decoupled look-back does; the default, launch._TICKET). TM: time-major rows (:func:`time_stride`),
-    whose first elements are the env ids themselves. EXACT_T (:func:`row_length`) with one env per program: the
-    env mask is a constant (the grid has a program per env), so that with the constant row length every mask of
-    the chunk folds away (a constant env mask without EXACT_T made the sm_90 code longer, not shorter). GAE and the
-    returns pass it; V-trace and Retrace keep the mask, with which their rows of 4 or 8 steps in programs of one env
-    round as without EXACT_T (the constant mask changed which products the compiler fused into FMAs there)."""
+    whose first elements are the env ids themselves. FULL (EXACT_T, :func:`row_length`, or WHOLE, :func:`chunk`) with
+    one env per program: the env mask is a constant (the grid has a program per env), so that with the time mask
+    gone every mask of the chunk folds away (a constant env mask alone made the sm_90 code longer, not shorter). GAE
+    and the returns pass EXACT_T or WHOLE, Retrace WHOLE; V-trace nothing, and Retrace not EXACT_T: with it their
+    rows of 4 or 8 steps in programs of one env would round differently (the constant mask changed which products
+    the compiler fused into FMAs there)."""
     N = env_count(N, TM)
     if PHASE >= 3:
         if PHASE == 3:
@@ -571,7 +572,7 @@ def env_block(
         o_row = o_n.to(tl.int64)
     else:
         o_row = o_n.to(tl.int64) * T
-    if EXACT_T and BN == 1:
+    if FULL and BN == 1:
         m_n = tl.full([BN], True, tl.int1)
     else:
         m_n = o_n < N
@@ -592,11 +593,13 @@ def time_stride(N, TM: tl.constexpr):
 
 
 @triton.jit
-def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr, ST=1):
+def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr, ST=1,
+          WHOLE: tl.constexpr = False):  # fmt: skip
     """The ``i_p``-th chunk in processing order (the last chunk of the row first when REVERSE).
     Returns, shaped to broadcast against the tile ([BN, BT] plain, [G, BN, S] grouped, [BN, G, 4]
     env-major grouped): the time of each slot, the mask and element offsets (tile-shaped), and the
-    env ids and their mask. ST: the rows' :func:`time_stride`."""
+    env ids and their mask. ST: the rows' :func:`time_stride`. WHOLE: T is a multiple of BT (the launcher knows), so
+    no chunk has steps past the row's end and the mask is the env mask alone."""
     if REVERSE:
         i_c = tl.cdiv(T, BT) - 1 - i_p
     else:  # i_p in T's integer type: int64 for rows over 2^31 steps, where i_c * BT must not wrap
@@ -628,7 +631,11 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         o_nb = o_n[:, None]
         m_nb = m_n[:, None]
         off = o_row[:, None] + o_t * ST
-    return o_t, m_nb & (o_t < T), off, o_nb, m_nb
+    if WHOLE:
+        m = m_nb & (o_t == o_t)  # (true) broadcasts the env mask to the tile
+    else:
+        m = m_nb & (o_t < T)
+    return o_t, m, off, o_nb, m_nb
 
 
 @triton.jit

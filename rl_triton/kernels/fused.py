@@ -85,9 +85,10 @@ def gae_kernel(
     EXACT_T: tl.constexpr = False,
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; launch._row_divisor)
     TM: tl.constexpr = 0,  # time-major rows (core.time_stride; launch._tm)
+    WHOLE: tl.constexpr = False,  # T a multiple of BT, rows of whole chunks (core.chunk; launch._WHOLE_CHUNKS)
 ):  # fmt: skip
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T or WHOLE)
     ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -96,7 +97,7 @@ def gae_kernel(
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
         )
@@ -166,9 +167,10 @@ def vtrace_kernel(
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
+    WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
 ):  # fmt: skip
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)  # the env mask kept: see env_block
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, WHOLE)  # not EXACT_T: see env_block
     ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
@@ -178,7 +180,7 @@ def vtrace_kernel(
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
         b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC, ST,
@@ -342,10 +344,11 @@ def retrace_kernel(
     PI_TILE: tl.constexpr = False,  # only where p_w is p_pt
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows, [T, N, A] per-action tensors read as (N, T, A) views: see gae_kernel
+    WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
 ):  # fmt: skip
     tl.static_assert(GROUPED == -4 or not SHIFT, "SHIFT: env-major rows of one chunk")
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)  # the env mask kept: see env_block
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, WHOLE)  # not EXACT_T: see env_block
     ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -356,7 +359,7 @@ def retrace_kernel(
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
         b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
             gamma, lmbda, c_bar, rho_bar, A, AP, PIECES, HAS_TRUNC, ACC, SHIFT, PI_TILE, ST,
@@ -401,10 +404,11 @@ def returns_kernel(
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
+    WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T or WHOLE)
     ST = core.time_stride(N, TM)
     gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
     lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
@@ -413,7 +417,7 @@ def returns_kernel(
     )
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST)
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
         b_term, b_trunc, b_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_boot, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, False, ACC
         )
