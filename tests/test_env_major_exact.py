@@ -205,7 +205,8 @@ def test_one_chunk_rows(path, monkeypatch, shape, case):
 
 
 _WHOLE_CASES = [(c, (3, 6144)) for c in CASES if CASES[c][1] in ("returns", "returns_nv")] + [
-    ("gae-trunc", (3, 3072)),  # a kernel the policy leaves out: the form itself
+    ("gae-trunc", (3, 3072)),  # kernels the policy leaves out: the form itself
+    ("vtrace-trunc", (3, 6144)),
     ("retrace", (3, 3072)),
 ]
 
