@@ -727,7 +727,8 @@ def _whole(kind: str, layout: Layout, t: int, dtype: torch.dtype) -> bool:
 
 def scan_form(kind: str, n: int, t: int, dtype: torch.dtype) -> ScanForm:
     """Layout and tile form of fused scan kernel ``kind`` (GAE, V-trace, the returns), with EXACT_T for
-    single-pass env-major rows of T == BT steps (4 or 8; _EXACT_T)."""
+    single-pass env-major rows of T == BT steps (4 or 8; _EXACT_T; and 1024-4096 in programs of one env,
+    _EXACT_T_ONE_CHUNK) and WHOLE for single-pass rows of several whole chunks (_WHOLE_CHUNKS)."""
     layout = scan_layout(kind, n, t, dtype)
     group = _group(layout.tiles, dtype)
     if not (_EXACT_T and group == -4 and layout.nk == 1 and t == layout.tiles.bt <= _ENV_MAJOR_MAX_BT):
