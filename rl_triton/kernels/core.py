@@ -211,18 +211,13 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUP
     chunk's aggregate for multi-block scans."""
     if GROUPED > 0:
         b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
-    elif GROUPED == -1:  # descending plain tiles: processing order along the tile, a forward scan
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine)
-        b_x = b_A * b_carry[:, None] + b_B
-        b_carry_new = _edge(b_x, 1, False, False)
-        b_Ac = _edge(b_A, 1, False, False)
-    elif GROUPED < 0:
+    elif GROUPED < -1:
         b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry)
-    else:
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE)
+    else:  # plain tiles; descending ones (GROUPED = -1) hold processing order, so they scan forward
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and GROUPED == 0)
         b_x = b_A * b_carry[:, None] + b_B
-        b_carry_new = _edge(b_x, 1, REVERSE, False)
-        b_Ac = _edge(b_A, 1, REVERSE, False)
+        b_carry_new = _edge(b_x, 1, REVERSE and GROUPED == 0, False)
+        b_Ac = _edge(b_A, 1, REVERSE and GROUPED == 0, False)
     return b_x, b_carry_new, b_Ac
 
 
@@ -612,13 +607,7 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         o_nb = o_n[None, :, None]
         m_nb = m_n[None, :, None]
         off = o_row[None, :, None] + o_t * ST
-    elif GROUPED == -1:
-        tl.static_assert(REVERSE, "descending tiles serve reverse recurrences only")
-        o_t = (i_c * BT + (BT - 1 - tl.arange(0, BT)))[None, :]  # processing order: the latest step first
-        o_nb = o_n[:, None]
-        m_nb = m_n[:, None]
-        off = o_row[:, None] + o_t * ST
-    elif GROUPED < 0:
+    elif GROUPED < -1:
         tl.static_assert(REVERSE and GROUPED == -4, "env-major groups: reverse recurrences, 4 steps")
         G: tl.constexpr = BT // 4
         o_g = G - 1 - tl.arange(0, G)  # latest group first
@@ -627,7 +616,11 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         m_nb = m_n[:, None, None]
         off = o_row[:, None, None] + o_t * ST
     else:
-        o_t = (i_c * BT + tl.arange(0, BT))[None, :]
+        o_s = tl.arange(0, BT)
+        if GROUPED == -1:  # descending tiles: processing order, the latest step first
+            tl.static_assert(REVERSE, "descending tiles serve reverse recurrences only")
+            o_s = BT - 1 - o_s
+        o_t = (i_c * BT + o_s)[None, :]
         o_nb = o_n[:, None]
         m_nb = m_n[:, None]
         off = o_row[:, None] + o_t * ST
