@@ -47,6 +47,9 @@ def render(results: dict, json_name: str) -> str:
             sub = [r for r in fn_rows if r["dtype"] == dtype]
             out.append(f"### {dtype}\n")
             out.append(report.table(sub, with_function=False))
+    if "floors" in results:
+        out.append("## Host floors\n")
+        out.append(report.floors_table(results["floors"]))
     return "\n".join(out)
 
 

@@ -154,6 +154,13 @@ def validate(data: dict) -> None:
                 raise ValueError(f"bad baseline entry {b}")
             if b["status"] == "ok" and not {"full_call_us", "speedup", "err"} <= b.keys():
                 raise ValueError(f"baseline {b['name']} is ok but lacks timings: {b}")
+    if "floors" in data:
+        floors = data["floors"]
+        if not isinstance(floors, dict) or len(floors.get("shape", ())) != 2:
+            raise ValueError(f"bad floors entry {floors}")
+        for r in floors.get("rows", []):
+            if not {"name", "full_call_us"} <= r.keys():
+                raise ValueError(f"bad floors row {r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,6 +264,26 @@ def _compress(places: list[str]) -> str:
     return "; ".join(places[:3]) + f"; and {len(places) - 3} more"
 
 
+def floors_table(floors: dict) -> str:
+    """Markdown table of the host floors (benchmarks.floors)."""
+    n, t = floors["shape"]
+    lines = [
+        f"Host floors at {fmt_shape(n, t)} float32 (full call, the same timer as above):",
+        "",
+        "| call | full call |",
+        "| --- | ---: |",
+    ]
+    lines += [f"| {r['name']} | {fmt_us(r['full_call_us'])} |" for r in floors["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def floors_line(floors: dict) -> str:
+    """One line of the host floors, for the console."""
+    n, t = floors["shape"]
+    parts = ", ".join(f"{r['name']} {fmt_us(r['full_call_us'])}" for r in floors["rows"])
+    return f"host floors ({n}x{t}, full call): {parts}"
+
+
 def provenance(meta: dict) -> str:
     commit = meta.get("commit") or "unknown commit"
     if meta.get("dirty"):
@@ -292,6 +319,8 @@ def section(results: dict, title: str | None = None) -> str:
     if meta.get("json"):
         body += [f"JSON: `{meta['json']}`", ""]
     body += [table(results["rows"])]
+    if "floors" in results:
+        body += [floors_table(results["floors"])]
     return "\n".join(body)
 
 

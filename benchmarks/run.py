@@ -1,7 +1,8 @@
 """The benchmark runner: ``python -m benchmarks`` (see benchmarks/README.md).
 
 Checks rl_triton and every baseline against the float64 reference, times them over the
-configurations, prints a markdown table, and (unless ``--no-update``) writes the run's JSON to
+configurations, records the host floors (``benchmarks.floors``: the full-call time of the cheapest
+eager calls on the same machine), prints a markdown table, and (unless ``--no-update``) writes the run's JSON to
 ``OUT_DIR/<date>-<gpu-slug>[-quick].json`` and stages its table in ``OUT_DIR/unreleased.md``.
 Both files are rewritten after every configuration, so an interrupted run keeps what it measured.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import baselines as B
-from . import report, specs, suite, timing, torch_impls
+from . import floors, report, specs, suite, timing, torch_impls
 from .torch_impls import C_BAR
 
 
@@ -27,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         description="rl_triton benchmark suite: kernel time, full-call time, GB/s, fraction of copy bandwidth "
         "and speedups over TorchRL, an eager PyTorch loop and torch.compile.",
     )
-    ap.add_argument("--quick", action="store_true", help="a small set of configurations (~2.5 min on an H200)")
+    ap.add_argument("--quick", action="store_true", help="a small set of configurations (about a minute on an H200)")
     ap.add_argument("--gpu", default=None, help="label of the machine (default: torch.cuda.get_device_name(0))")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke run: tiny shapes, no real times)")
     ap.add_argument("--no-update", action="store_true", help="print only: write no JSON and leave unreleased.md alone")
@@ -42,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="scans tried for torch.compile: subset of assoc,chunked,doubling,cumprod (default: see README)",
     )
+    ap.add_argument("--no-floors", action="store_true", help="skip the host floors (benchmarks/floors.py)")
     ap.add_argument("--compile-on-cpu", action="store_true", help="with --device cpu: really torch.compile (slow)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD, if git works)")
     return ap
@@ -147,6 +149,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{len(configs)} configurations", flush=True)
 
     start = time.perf_counter()
+    if not args.no_floors:
+        shape = floors.SHAPE if device.type == "cuda" else suite.CPU_SHAPES[0]
+        results["floors"] = floors.measure(device, budget, shape)
+        print(report.floors_line(results["floors"]), flush=True)
+        _save(results, json_path, extra_json, out_dir)
     bar, write = _progress(configs)
     for cfg in bar:
         if hasattr(bar, "set_postfix_str"):
@@ -171,6 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
     _save(results, json_path, extra_json, out_dir)
     print()
     print(report.table(results["rows"]))
+    if "floors" in results:
+        print(report.floors_table(results["floors"]))
     print(f"done in {meta['elapsed_s']:.0f} s", end="")
     print(f"; wrote {json_path} and {out_dir / report.UNRELEASED}" if json_path else " (--no-update: nothing written)")
     return results

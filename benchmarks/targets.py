@@ -1,4 +1,4 @@
-"""The performance issue's table: every function at the issue's shapes on a GPU, rl_triton only
+"""The performance table (docs/performance.md): every function at the target shapes on a GPU, rl_triton only
 (the baselines are the benchmark suite's job). Per row: kernel time (do_bench median of a CUDA-graph
 replay, L2 flushed), minimum bytes, fraction of a device-to-device copy of the same bytes timed in
 the same run, and full-call time (CUDA events around one public call, median after warm-up).
@@ -17,7 +17,7 @@ import time
 import torch
 import triton
 
-from . import specs, timing
+from . import report, specs, timing
 
 FUNCTIONS = list(specs.SPECS)
 LARGE = [(4096, 2048), (16384, 512), (8192, 4096)]
@@ -25,7 +25,7 @@ LONG = [(1, 16777216), (16, 1048576), (64, 262144), (1, 1048576)]
 SHORT = [(1048576, 8), (262144, 32), (65536, 128), (32768, 8), (4096, 128)]
 COMMON = [(64, 512)]
 
-# Issue targets: minimum fraction of copy per family, and absolute kernel-time targets (us).
+# Targets: minimum fraction of copy per family, and absolute kernel-time targets (us).
 FRACTION_TARGET = {"large": 0.85, "long": 0.50, "short": 0.60}
 FRACTION_TARGET_LARGE = {"compute_vtrace": 0.80, "compute_retrace": 0.70}
 TIME_TARGET_US = {(1, 1048576): 15.0, (32768, 8): 5.0, (4096, 128): 5.0}
@@ -81,7 +81,7 @@ def jobs(quick: bool) -> list[tuple]:
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
-    """Adds pass/miss against the issue's targets (and the bf16 speedup) to each row."""
+    """Adds pass/miss against the targets (and the bf16 speedup) to each row."""
     fp32 = {(r["function"], r["num_envs"], r["seq_len"], r["num_actions"]): r for r in rows if r["dtype"] == "float32"}
     for r in rows:
         checks = []
@@ -145,7 +145,7 @@ def main() -> None:
     rows = verdicts(rows)
     meta = {
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "seconds": time.time() - t0,
+        "python": platform.python_version(), "commit": report.git_commit()[0], "seconds": time.time() - t0,
     }  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:

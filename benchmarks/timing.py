@@ -126,9 +126,9 @@ def copy_gbps(nbytes: int, device: torch.device, budget: Budget) -> float:
     """GB/s (bytes read + written per second) of a device-to-device copy that moves ``nbytes`` in
     total (``nbytes / 2`` read, ``nbytes / 2`` written), timed like a kernel: the faster of
     ``copy_`` (a memcpy node in the graph) and an elementwise kernel writing ``src * 1``. On the H200
-    the memcpy alone ran at either ~4.2 or ~2.6 TB/s for the same size in the same process (NOTES.md,
-    "Performance"), which made the fractions of the rows measured against the slow one look ~1.5x
-    better than they were; the elementwise copy is the steady one."""
+    the memcpy alone ran at either ~4.2 or ~2.6 TB/s for the same size in the same process, which would
+    make fractions measured against the slow one look ~1.5x better than they are; the elementwise copy is
+    the steady one."""
     numel = max(1, nbytes // 8)  # float32 elements: 4 bytes read + 4 written each
     src = torch.empty(numel, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)

@@ -69,6 +69,19 @@ def test_json_schema(cpu_run):
         assert row["GBps"] == pytest.approx(row["bytes"] / (row["kernel_us"] * 1e-6) / 1e9)
 
 
+def test_host_floors_recorded(cpu_run):
+    """The run records the host floors (benchmarks.floors) once, at the smoke shape on the CPU."""
+    import rl_triton
+
+    floors = cpu_run[0]["floors"]
+    assert floors["shape"] == list(suite.CPU_SHAPES[0])
+    names = [r["name"] for r in floors["rows"]]
+    assert names[:2] == ["torch.empty_like", "torch.add"] and "rl_triton.compute_gae" in names
+    assert ("Triton copy kernel[grid]" in names) == bool(rl_triton.INTERPRET)
+    assert all(r["full_call_us"] > 0 for r in floors["rows"])
+    assert "| torch.add |" in report.floors_table(floors)
+
+
 def test_every_baseline_verified_then_timed(cpu_run):
     results, _ = cpu_run
     for row in results["rows"]:
@@ -93,9 +106,10 @@ def test_staging_and_json(tmp_path):
     staged = (tmp_path / "unreleased.md").read_text()
     assert staged.count("<!-- begin run: test-gpu-a-custom -->") == 1
     assert "| compute_gae | 2×8 | float32 |" in staged and "vs eager loop" in staged
+    assert "Host floors at 4×16 float32" in staged
     # the same label replaces its section; another label is appended
-    run.main([*args, str(tmp_path), "--gpu", "Test GPU A"])
-    run.main([*args, str(tmp_path), "--gpu", "Test GPU B", "--json", str(tmp_path / "extra" / "b.json")])
+    run.main([*args, str(tmp_path), "--gpu", "Test GPU A", "--no-floors"])
+    run.main([*args, str(tmp_path), "--gpu", "Test GPU B", "--no-floors", "--json", str(tmp_path / "extra" / "b.json")])
     staged = (tmp_path / "unreleased.md").read_text()
     assert staged.count("<!-- begin run: test-gpu-a-custom -->") == 1
     assert staged.count("<!-- begin run: test-gpu-b-custom -->") == 1

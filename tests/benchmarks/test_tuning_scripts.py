@@ -1,24 +1,11 @@
-"""CPU checks of the kernel-tuning scripts' host-side logic (their measurements need a GPU):
-the issue-target verdicts and table of benchmarks.targets, the policy override of
-benchmarks.tile_sweep, the probe kernel of benchmarks.scan_variants under the interpreter, and the
-two-launch stand-ins of benchmarks.fused_outputs, the raw kernel launch that
-benchmarks.host_overhead times, and the tree comparisons' plumbing (benchmarks.modules_ab,
-benchmarks.kernels_ab), and the offline sm_90 compile of benchmarks.offline_sass."""
+"""CPU checks of the tuning tools' host-side logic (their measurements need a GPU): the target
+verdicts and table of benchmarks.targets, the policy override of benchmarks.tile_sweep, and the
+offline sm_90 compile of benchmarks.offline_sass."""
 
 import pytest
 import torch
 
-import rl_triton as R
-from benchmarks import (
-    fused_outputs,
-    host_overhead,
-    kernels_ab,
-    modules_ab,
-    scan_variants,
-    targets,
-    tile_sweep,
-    time_major,
-)
+from benchmarks import targets, tile_sweep
 from rl_triton.kernels import launch
 
 
@@ -102,84 +89,6 @@ def test_tile_sweep_policy_override_restores():
     assert len(tile_sweep._grid({"a": (1, 2), "b": (3, 4, 5)})) == 6
 
 
-@pytest.mark.skipif(not R.INTERPRET, reason="the probe kernel runs on CPU tensors only in the interpreter")
-@pytest.mark.parametrize("mode", sorted(set(scan_variants.MODES) - {0}))
-def test_scan_probe_modes_compute_the_recurrence(mode):
-    # single-chunk tiles (BT >= T): every scanning mode must produce the recurrence
-    g = torch.Generator().manual_seed(mode)
-    x = torch.randn(3, 32, generator=g)
-    d = (torch.rand(3, 32, generator=g) < 0.1).to(torch.uint8)
-    # x_t = 0.99 (1 - d_t) x_{t-1} + in_t (modes 1, 2: forward) or ... x_{t+1} ... (the others: reverse)
-    steps = range(32) if mode in (1, 2) else reversed(range(32))
-    ref, c = torch.zeros_like(x), torch.zeros(3)
-    for t in steps:
-        c = 0.99 * (1 - d[:, t].float()) * c + x[:, t]
-        ref[:, t] = c
-    y = torch.zeros_like(x)
-    scan_variants.probe_kernel[(3,)](x, d, y, 3, 32, MODE=mode, BN=1, BT=32)
-    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
-
-
-def test_fused_outputs_pairs_and_stand_ins_agree(path):
-    """Each fused call of benchmarks.fused_outputs and its two-launch counterpart give the same
-    numbers, and so do the stand-ins its module rounds swap in for the fused entry points."""
-    g = torch.Generator().manual_seed(3)
-    r, v, nv = (torch.randn(3, 37, dtype=torch.float64, generator=g).to(path.device) for _ in range(3))
-    done = (torch.rand(3, 37, generator=g) < 0.2).to(path.device)
-    term = done & (torch.rand(3, 37, generator=g) < 0.5).to(path.device)
-    for fused, separate in fused_outputs._pairs(r, v, nv, term, done).values():
-        torch.testing.assert_close(fused(), separate(), atol=1e-12, rtol=1e-12)
-    (gae, returns), (gae_two, returns_two) = fused_outputs._two_launches()
-    kw = dict(gamma=0.9, lambda_=0.8)
-    for a, b in [
-        (gae(r, v, nv, term, done, targets=True, **kw), gae_two(r, v, nv, term, done, targets=True, **kw)),
-        (returns(r, v, term, done, next_values=nv, **kw), returns_two(r, v, term, done, next_values=nv, **kw)),
-        (returns(r, v, term, done, gamma=0.9, lambda_=1.0), returns_two(r, v, term, done, gamma=0.9, lambda_=1.0)),
-    ]:
-        for x, y in zip(a, b, strict=True):
-            torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-12)
-
-
-@pytest.mark.skipif(
-    not R.INTERPRET and not torch.cuda.is_available(), reason="the kernel runs on CUDA or in the interpreter"
-)
-@pytest.mark.parametrize("shape", [(3, 40), (64, 512)])
-def test_host_overhead_raw_launch_computes_gae(shape):
-    """The ``kernel[grid](...)`` call that benchmarks.host_overhead times passes every argument and
-    constexpr gae_kernel takes, and computes what compute_gae does."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    g = torch.Generator().manual_seed(5)
-    r, v = (torch.randn(*shape, generator=g).to(device) for _ in range(2))
-    term = (torch.rand(*shape, generator=g) < 0.1).to(device)
-    out = torch.full_like(r, float("nan"))
-    host_overhead.raw_gae(r, v, term, out)()
-    torch.testing.assert_close(out, R.compute_gae(r, v, term, gamma=0.99, lambda_=0.95), atol=1e-5, rtol=1e-5)
-
-
-def test_tree_comparisons_plumbing():
-    """Rounds alternate the order of the trees; a child's last output line is its result; the
-    kernel comparison's cases and report."""
-    seen = []
-    modules_ab.alternate(["a", "b", "c"], 3, seen.append)
-    assert seen == list("abc") + list("cba") + list("abc")
-    code = "import json, sys; print('warm-up'); print(json.dumps([sys.argv[1], len(json.loads(sys.argv[2]))]))"
-    assert modules_ab.run_child(code, "T", [1, 2]) == ["T", 2]
-    with pytest.raises(RuntimeError, match="T: "):
-        modules_ab.run_child("raise SystemExit(3)", "T", [])
-    compile(kernels_ab._CHILD, "kernels_ab child", "exec")
-    compile(modules_ab._CHILD, "modules_ab child", "exec")
-    cases = kernels_ab.parse_cases("compute_gae:1x1048576, compute_vtrace:16X1024")
-    assert cases == [("compute_gae", 1, 1048576), ("compute_vtrace", 16, 1024)]
-
-    def run(tree):
-        us = {"a": 10.0, "b": 12.5}[tree]
-        return {"cases": [{"kernel_us": us, "fraction_of_copy": 0.5}, {"kernel_us": 2 * us, "fraction_of_copy": 0.25}]}
-
-    lines = kernels_ab.report(cases, modules_ab.alternate(["a", "b"], 2, run))
-    assert lines[0] == "gae                    1x1048576: 10.0 (0.500) / 10.0 (0.500)  |  12.5 (0.500) / 12.5 (0.500)"
-    assert lines[1].startswith("vtrace                 16x1024: 20.0 (0.250)")
-
-
 def test_offline_sass_compiles_the_launch_plan_for_sm90(monkeypatch):
     """benchmarks.offline_sass compiles the launches of a public call for sm_90 without a GPU (a child
     process: the suite may run under TRITON_INTERPRET=1, whose kernels do not compile), with the
@@ -208,12 +117,6 @@ def test_offline_sass_compiles_the_launch_plan_for_sm90(monkeypatch):
         pass
 
 
-def test_time_major_knobs_exist():
-    """benchmarks.time_major overrides these launch knobs (a renamed knob would be set without effect)."""
-    assert all(hasattr(launch, k) for k in time_major.KNOBS)
-    assert [s for s in time_major.SHAPES.split(",") if len(s.split("x")) != 2] == []
-
-
 _TM_COMPILES = [
     ("gae", 4096, 24), ("vtrace", 4096, 24), ("returns", 4096, 24), ("lambda", 4096, 24), ("traces", 4096, 24),
     ("gae", 4096, 8), ("vtrace", 4096, 8), ("gae", 64, 2048), ("prefix", 64, 2048), ("returns", 4096, 2048),
@@ -225,8 +128,7 @@ def test_time_major_launches_compile_for_sm90():
     """The time-major forms of every kernel compile for sm_90 (offline, no GPU): group-major and env-major
     tiles, the forward scans' plain tiles, the two-pass split, the look-back over blocks of envs. The
     interpreter runs the kernels as Python, so it cannot catch what only Triton's compiler rejects (such as a
-    constexpr branch returning tiles of another shape: found on the GPU, NOTES.md "Time-major rollout
-    buffers")."""
+    constexpr branch returning tiles of another shape)."""
     import json
     import os
     import subprocess
