@@ -174,10 +174,28 @@ class Curve:
         return time.perf_counter() - self.start
 
 
-def progress_bar(total: int, disable: bool):
+def frame_budget(frames: int, frames_per_batch: int) -> int:
+    """The frames a collector runs for ``total_frames=frames``: TorchRL rounds it up to whole batches."""
+    return -(-frames // frames_per_batch) * frames_per_batch
+
+
+def progress_bar(total: int, disable: bool, target: float | None = None):
+    """A tqdm bar over ``total`` frames (the collector's :func:`frame_budget`); with a target return it
+    says that training may stop before that (see :func:`close_bar`)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="frames", disable=disable, dynamic_ncols=True, smoothing=0.1)
+    desc = f"frames (stops early at mean return {target:g})" if target is not None and target > 0 else "frames"
+    return tqdm(total=total, desc=desc, unit="frames", disable=disable, dynamic_ncols=True, smoothing=0.1)
+
+
+def close_bar(bar, frames: int, stopped_early: bool) -> None:
+    """Closes the bar; a run that stopped early (target reached) ends at 100% of the frames it ran, not at a
+    fraction of the budget."""
+    if stopped_early and not bar.disable and frames != bar.total:
+        bar.total = frames
+        bar.n = frames
+        bar.refresh()
+    bar.close()
 
 
 def save_log(path: Path, curve: Curve, meta: dict) -> None:

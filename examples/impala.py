@@ -126,7 +126,9 @@ def main(argv=None):
     curve = common.Curve(window=args.window)
     frames = updates = 0
     pending = []
-    bar = common.progress_bar(args.frames, disable=args.no_progress)
+    bar = common.progress_bar(
+        common.frame_budget(args.frames, frames_per_rollout), disable=args.no_progress, target=args.target_return
+    )
     try:
         for rollout in collector:  # rollout: [envs_per_worker, unroll] from whichever actor finished first
             frames += rollout.numel()
@@ -154,7 +156,7 @@ def main(argv=None):
             updates += 1
             collector.update_policy_weights_(TensorDict.from_module(actor).data.to("cpu"))
     finally:
-        bar.close()
+        common.close_bar(bar, frames, curve.reached(args.target_return))
         collector.shutdown()
     meta = {
         "algorithm": "IMPALA",

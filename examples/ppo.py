@@ -120,7 +120,9 @@ def main(argv=None):
 
     curve = common.Curve(window=args.window)
     frames = updates = 0
-    bar = common.progress_bar(args.frames, disable=args.no_progress)
+    bar = common.progress_bar(
+        common.frame_budget(args.frames, frames_per_batch), disable=args.no_progress, target=args.target_return
+    )
     try:
         for batch in collector:  # batch: [num_envs, steps_per_env], time last
             frames += batch.numel()
@@ -150,7 +152,7 @@ def main(argv=None):
                     updates += 1
             collector.update_policy_weights_()
     finally:
-        bar.close()
+        common.close_bar(bar, frames, curve.reached(args.target_return))
         collector.shutdown()
     meta = {
         "algorithm": "PPO",

@@ -135,6 +135,31 @@ def test_smoke(script, estimator, tmp_path):
     assert data["final_mean_return"] == result["final_mean_return"]
 
 
+def test_progress_bar_counts_the_frames_run(tmp_path):
+    """The bar's total is the frames the collector will run (its budget rounded up to whole batches), and it ends
+    at the frames the run reports."""
+    args = ["--device=cpu", "--frames=700", "--num-envs=4", "--steps-per-env=64", "--epochs=1", "--minibatch=128"]
+    rc, out, _ = run_script("ppo.py", *args, "--target-return=0", timeout=SMOKE_TIMEOUT_S, cwd=tmp_path)
+    assert rc == 0, out[-4000:]
+    frames = parse_result(out)["frames"]
+    assert frames == 768  # 700 frames in batches of 4 x 64 steps
+    last = [p for p in out.replace("\r", "\n").splitlines() if "frames/s" in p][-1]
+    assert f"{frames}/{frames}" in last, last
+
+
+def test_progress_bar_ends_at_the_frames_of_an_early_stop():
+    import io
+
+    common = _import_common()
+    assert [common.frame_budget(f, 256) for f in (1, 256, 257, 500_000)] == [256, 256, 512, 500_224]
+    bar = common.progress_bar(1024, disable=False, target=450.0)
+    bar.fp = io.StringIO()
+    bar.update(512)
+    common.close_bar(bar, 512, stopped_early=True)
+    assert (bar.n, bar.total) == (512, 512)
+    assert "stops early at mean return 450" in bar.desc
+
+
 def test_plot_curves(tmp_path):
     """plot_curves.py puts a CSV and a JSON log (as ppo.py --log writes them) on one PNG."""
     common = _import_common()
