@@ -9,7 +9,7 @@ behaviour policy -- and then
    ("auto") backend: Triton kernels on CUDA, and on CPU the PyTorch path, or the Triton kernels
    through the Triton interpreter when TRITON_INTERPRET=1 is set;
 2. calls it again under ``rl_triton.use_backend("torch")`` on float64 CPU copies of the same
-   inputs, which evaluates the formulas of SEMANTICS.md in float64;
+   inputs, which evaluates the formulas of docs/semantics.md in float64;
 3. prints the largest absolute difference and the median time of a call, and fails (exit code 1)
    if any difference exceeds the tolerance for the dtype.
 
