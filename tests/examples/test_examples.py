@@ -31,7 +31,7 @@ pytest.importorskip("tqdm", reason="the examples need tqdm")
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SMOKE_TIMEOUT_S = 240  # a smoke run takes ~5-20 s on 2 busy cores; this only guards against hangs
-SLOW_TIMEOUT_S = 900  # the default settings finish in 1-2 minutes on 2 cores; the brief's budget is 10
+SLOW_TIMEOUT_S = 900  # the default settings finish in 1-2 minutes on 2 cores, well inside 10
 
 
 def _slow_selected(config) -> bool:
