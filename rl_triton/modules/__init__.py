@@ -8,6 +8,9 @@ To make unmodified TorchRL code (``loss.make_value_estimator(ValueEstimators.GAE
 these classes, call :func:`register_with_torchrl` (undo with :func:`unregister_from_torchrl`, or use
 :func:`torchrl_registered` as a context manager).
 
+An entry an estimator needs that is absent from the tensordict raises :class:`MissingEntryError`
+(a ``KeyError`` and a ``ValueError``) naming the key and the estimator.
+
 This subpackage needs ``torchrl`` and ``tensordict`` (``pip install rl-triton[torchrl]``); the rest
 of ``rl_triton`` does not import them.
 """
@@ -21,6 +24,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the opti
         f"({err}). Install them with: pip install rl-triton[torchrl]"
     ) from err
 
+from ._common import MissingEntryError
 from ._registry import register_with_torchrl, torchrl_registered, unregister_from_torchrl
 from .advantages import GAE, MultiAgentGAE, TD0Estimator, TD1Estimator, TDLambdaEstimator, VTrace
 from .retrace import Retrace
@@ -28,6 +32,7 @@ from .transforms import Reward2GoTransform
 
 __all__ = [
     "GAE",
+    "MissingEntryError",
     "MultiAgentGAE",
     "Retrace",
     "Reward2GoTransform",

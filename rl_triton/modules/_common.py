@@ -4,6 +4,8 @@
   :mod:`rl_triton.functional` (time last, every other dim flattened into N) and back. Moving the time
   dim is skipped when it is already last, and ``reshape`` returns a view whenever the strides allow
   it (always for time-last tensors and for a trailing singleton feature dim such as ``[*B, T, 1]``).
+  A negative ``dim`` counts from the end of each tensor, as TorchRL's functionals count it (an
+  estimator called on a tensordict with ``batch_size []`` gets time dim -1).
 * :class:`CachedScalars` keeps Python-float copies of 0-d tensor buffers (``gamma``, ``lmbda``,
   ...), so that a forward pass on CUDA passes plain floats to the kernels instead of calling
   ``.item()`` (a host sync) every time.
@@ -17,16 +19,22 @@ import math
 from collections.abc import Sequence
 
 import torch
-from tensordict import TensorDict
-from tensordict.utils import unravel_key
 
 # --------------------------------------------------------------------------------------------
 # layout
 
 
+def axis(dim: int, ndim: int) -> int:
+    """``dim`` as a non-negative dim of a tensor with ``ndim`` dims (negative: from the end)."""
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"time dim {dim} is out of range for a tensor of {ndim} dims")
+    return dim + ndim if dim < 0 else dim
+
+
 def to_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """``x`` with dim ``dim`` (non-negative) moved last and the others flattened: ``(N, T)``. The
-    common ``[*B, T, 1]`` layout only drops its trailing singleton (one view op instead of two)."""
+    """``x`` with dim ``dim`` moved last and the others flattened: ``(N, T)``. The common
+    ``[*B, T, 1]`` layout only drops its trailing singleton (one view op instead of two)."""
+    dim = axis(dim, x.ndim)
     if dim == x.ndim - 2 and x.shape[-1] == 1:
         x = x.squeeze(-1)
     elif dim != x.ndim - 1:
@@ -37,7 +45,8 @@ def to_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def to_rows_actions(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """``x`` of shape ``[..., T, ..., A]`` with time at ``dim``: ``(N, T, A)`` (actions stay last)."""
+    """``x`` of shape ``[..., T, ..., A]`` with time at ``dim`` (of the dims before ``A``): ``(N, T, A)``."""
+    dim = axis(dim, x.ndim - 1)
     if dim != x.ndim - 2:
         x = x.movedim(dim, -2)
     return x.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1])
@@ -46,6 +55,7 @@ def to_rows_actions(x: torch.Tensor, dim: int) -> torch.Tensor:
 def from_rows(y: torch.Tensor, shape: Sequence[int], dim: int) -> torch.Tensor:
     """Inverse of :func:`to_rows` for an original tensor of shape ``shape``."""
     shape = tuple(shape)
+    dim = axis(dim, len(shape))
     if rows_shape(shape, dim) is not None:  # rows made by a reshape alone
         return y.reshape(shape)
     moved = shape[:dim] + shape[dim + 1 :] + (shape[dim],)
@@ -56,6 +66,7 @@ def rows_shape(shape: Sequence[int], dim: int) -> tuple[int, int] | None:
     """The ``(N, T)`` shape :func:`to_rows` gives a tensor of shape ``shape`` by reshaping alone (time
     last, or ``[..., T, 1]`` with time at ``dim``); None when the time dim must be moved first."""
     nd = len(shape)
+    dim = axis(dim, nd)
     if dim == nd - 2 and shape[-1] == 1:
         return math.prod(shape[:-2]), shape[-2]
     if dim == nd - 1:
@@ -224,162 +235,18 @@ def copy_signature(cls_init):
 
 
 # --------------------------------------------------------------------------------------------
-# TensorDict access on the estimators' fast paths
+# tensordict entries
 
 
-def key_path(key) -> tuple[str, ...] | None:
-    """A tensordict key as a tuple of strings (``"a"`` -> ``("a",)``), or None if it is not a key."""
-    try:
-        key = unravel_key(key)
-    except Exception:  # noqa: BLE001 - not a NestedKey (e.g. a list): no fast path for it
-        return None
-    return (key,) if isinstance(key, str) else key
+class MissingEntryError(KeyError, ValueError):
+    """A tensordict entry that an estimator needs is absent. A ``KeyError`` (a missing key) and a
+    ``ValueError`` (what TorchRL's GAE raises for a missing value), so either ``except`` catches it."""
+
+    __str__ = ValueError.__str__  # the message as written, not KeyError's repr of it
 
 
-def _probe_td_internals() -> bool:
-    """Whether ``TensorDict._get_tuple(path, default)`` returns what ``get(path, default)`` returns
-    and ``TensorDict._set_str(key, value, inplace=False, validated=True)`` stores ``value`` as
-    ``set(key, value)`` does for a value that passes ``set``'s checks, lock included. Checked on a
-    small TensorDict: these are tensordict internals, so any other behaviour (or their absence in
-    another tensordict version) sends the fast paths to the public ``get``/``set``."""
-    try:
-        a, b, c = torch.zeros(2, 1), torch.ones(2), torch.full((2, 3), 2.0)
-        td = TensorDict({"a": a, "next": {"b": b}}, batch_size=[2])
-        get = td._get_tuple
-        if get(("a",), None) is not a or get(("next", "b"), None) is not b:
-            return False
-        if get(("c",), None) is not None or get(("next", "c"), None) is not None or get(("c", "b"), None) is not None:
-            return False
-        td._set_str("c", c, inplace=False, validated=True)
-        td._set_str("a", b, inplace=False, validated=True)
-        if td.get("c") is not c or td.get("a") is not b or set(td.keys()) != {"a", "c", "next"}:
-            return False
-        td.lock_()
-        try:
-            td._set_str("d", c, inplace=False, validated=True)
-        except RuntimeError:
-            pass
-        else:
-            return False
-        return set(td.keys()) == {"a", "c", "next"}
-    except Exception:  # noqa: BLE001 - any failure means "do not use them"
-        return False
-
-
-_TD_INTERNALS: list = []
-
-
-def td_internals() -> bool:
-    """:func:`_probe_td_internals`, run once per process."""
-    if not _TD_INTERNALS:
-        _TD_INTERNALS.append(_probe_td_internals())
-    return _TD_INTERNALS[0]
-
-
-def td_set(td, key, value, internals: bool) -> None:
-    """``td.set(key, value)`` for a ``TensorDict`` ``td`` and a tensor ``value`` shaped and placed
-    like an entry of ``td`` (its shape starts with the batch size and it lives on ``td``'s device, so
-    ``set``'s checks pass): a plain string key goes to ``_set_str`` when ``internals``."""
-    if internals and type(key) is str:
-        td._set_str(key, value, inplace=False, validated=True)
-    else:
-        td.set(key, value)
-
-
-_PATHS: dict = {}  # key -> key_path(key), for td_get
-
-
-def td_get(td, key):
-    """``td.get(key, None)``; for a ``TensorDict`` whose internals passed :func:`td_internals`, read
-    with ``_get_tuple`` (the same lookup, without ``get``'s key unravelling and argument handling)."""
-    if type(td) is TensorDict and td_internals():
-        try:
-            path = _PATHS.get(key)
-        except TypeError:  # not hashable, so not a key: get() decides what happens
-            return td.get(key, None)
-        if path is None:
-            path = key_path(key)
-            if path is None:
-                return td.get(key, None)
-            if len(_PATHS) < 4096:
-                _PATHS[key] = path
-        return td._get_tuple(path, None)
-    return td.get(key, None)
-
-
-class KeyPaths:
-    """The tensordict entries an estimator's fast path reads, derived from its ``tensor_keys`` (a
-    dataclass instance) and re-derived whenever a key changes (``set_keys`` replaces the instance;
-    assigning a field changes its ``__dict__``).
-
-    Each field ``name`` has a root entry (the key itself) and a next entry (``("next", key)``);
-    :meth:`fetch` reads a list of them from a tensordict at once.
-    """
-
-    __slots__ = ("snapshot", "keys", "paths", "plans")
-
-    def __init__(self, tensor_keys):
-        fields = getattr(tensor_keys, "__dict__", None)
-        self.snapshot = None if fields is None else dict(fields)
-        if fields is None:
-            fields = {f.name: getattr(tensor_keys, f.name) for f in dataclasses.fields(tensor_keys)}
-        self.keys = dict(fields)
-        self.plans = {}  # entries -> fetch plan (see _plan)
-        # (False, name) -> the root entry's path; (True, name) -> the next entry's path
-        self.paths = {}
-        for name, key in fields.items():
-            path = key_path(key)
-            self.paths[False, name] = path
-            self.paths[True, name] = None if path is None else ("next", *path)
-
-    @classmethod
-    def of(cls, module) -> KeyPaths:
-        """``module``'s paths, cached on the module while its keys are unchanged."""
-        keys = module.tensor_keys
-        cached = module.__dict__.get("_rlt_key_paths")
-        if cached is not None and cached.snapshot is not None and cached.snapshot == getattr(keys, "__dict__", None):
-            return cached
-        paths = module.__dict__["_rlt_key_paths"] = cls(keys)
-        return paths
-
-    def fetch(self, td, entries: tuple, internals: bool) -> list | None:
-        """``[td.get(path, None) for each entry]`` where an entry is ``(in_next, field name)`` or a
-        literal path tuple; None if a field's key is not a valid key. With ``internals`` (a
-        ``TensorDict`` whose accessors passed :func:`td_internals`), one-level entries are read with
-        ``_get_str`` and the ``"next"`` sub-tensordict is looked up once."""
-        plan = self.plans.get(entries)
-        if plan is None:
-            plan = self.plans[entries] = self._plan(entries)
-        if plan is None:
-            return None
-        if not internals:
-            get = td.get
-            return [get(path, None) for _, _, path in plan]
-        get_str = td._get_str
-        sub = get_str("next", None)
-        sub_str = sub._get_str if type(sub) is TensorDict else None
-        out = []
-        for where, key, path in plan:
-            if where == 0:
-                out.append(get_str(key, None))
-            elif where == 1 and sub_str is not None:
-                out.append(sub_str(key, None))
-            else:
-                out.append(td._get_tuple(path, None))
-        return out
-
-    def _plan(self, entries: tuple) -> tuple | None:
-        """Per entry ``(where, key, path)``: where 0 = a root string key, 1 = a string key under
-        ``"next"``, 2 = any other path (``key`` unused); None if an entry's key is not valid."""
-        plan = []
-        for entry in entries:
-            path = self.paths[entry] if type(entry[0]) is bool else entry
-            if path is None:
-                return None
-            if len(path) == 1:
-                plan.append((0, path[0], path))
-            elif len(path) == 2 and path[0] == "next":
-                plan.append((1, path[1], path))
-            else:
-                plan.append((2, None, path))
-        return tuple(plan)
+def missing_entry(estimator, key, role: str, field: str | None = None, hint: str = "") -> MissingEntryError:
+    """The error for an absent ``key``, naming it and the estimator: ``role`` says what the entry holds,
+    ``field`` the ``set_keys`` name that renames it."""
+    rename = f"; set_keys({field}=...) renames it" if field else ""
+    return MissingEntryError(f"{type(estimator).__name__}: the tensordict has no entry {key!r} ({role}{rename}){hint}")

@@ -33,18 +33,16 @@ from torchrl.objectives.value.advantages import _self_set_grad_enabled, _self_se
 from .. import functional as F
 from ._common import (
     CachedScalars,
-    KeyPaths,
     as_float,
     common_float_dtype,
     copy_signature,
     expose_inherited_keys,
     from_rows,
     in_unit,
+    missing_entry,
     non_negative,
     rows_shape,
     same_shapes,
-    td_internals,
-    td_set,
     to_rows,
 )
 
@@ -52,31 +50,32 @@ __all__ = ["GAE", "MultiAgentGAE", "TD0Estimator", "TD1Estimator", "TDLambdaEsti
 
 
 _TD0_ROW = 64  # row length of the flat TD(0) layout
-_SHIFTED_VALID = ("shifted_valid",)  # TorchRL's mask of a shifted value-network call
-# What the fast paths read (KeyPaths.fetch): (in "next", field of tensor_keys) or a literal path
-_FAST_ENTRIES = (
-    (False, "value"), (True, "value"), (True, "reward"), (True, "done"), (True, "terminated"),
-    (False, "steps_to_next_obs"), _SHIFTED_VALID,
-)  # fmt: skip
-# What the TD estimators' forward calls that their fast path skips (see _stock)
+# What a TD estimator's forward calls that its fast path skips (see _stock)
 _TD_HOOKS = (
     "_forward", "_td_forward", "_td_inputs", "value_estimate", "_values", "_signals", "_steps_to_next_obs",
-    "_prepare_shifted_tensordict", "_mask_shifted_output", "_fast_forward", "_fast_td", "_fast_inputs",
-    "_grad_mode_differs",
+    "_prepare_shifted_tensordict", "_mask_shifted_output", "_fast_forward", "_fast_inputs", "_fast_scalars",
+    "_fast_targets", "_grad_mode_differs",
 )  # fmt: skip
-# What V-trace's forward calls that its common case reads at once instead
-_VTRACE_HOOKS = (
-    "_values", "_signals", "_steps_to_next_obs", "_prepare_shifted_tensordict", "_fast_inputs", "_vtrace_forward",
-)  # fmt: skip
+# What the entries hold, for the error that names a missing one (by tensor_keys field)
+_ROLES = {
+    "value": "the state value V(s)",
+    "reward": "the reward",
+    "done": "the done flag",
+    "terminated": "the terminated flag",
+    "sample_log_prob": "the behaviour policy's log-probability of the stored action",
+    "action": "the stored action, which the target policy scores",
+}
 _STOCK: dict = {}
 
 
-def _stock(cls, base, names: tuple) -> bool:
-    """Whether ``cls`` inherits ``base``'s version of every method in ``names`` (cached per class):
-    a subclass that overrides one of the steps a fast path skips keeps the general path."""
-    ok = _STOCK.get((cls, base))
+def _stock(cls, names: tuple) -> bool:
+    """Whether ``cls`` inherits, for every method in ``names``, the version of the nearest class
+    that declares ``_FAST_HOOKS`` (cached per class): a subclass that overrides one of the steps the
+    fast path skips keeps the general path."""
+    ok = _STOCK.get(cls)
     if ok is None:
-        ok = _STOCK[cls, base] = all(getattr(cls, name) is getattr(base, name) for name in names)
+        owner = next(c for c in cls.__mro__ if "_FAST_HOOKS" in vars(c))
+        ok = _STOCK[cls] = all(getattr(cls, name) is getattr(owner, name) for name in names)
     return ok
 
 
@@ -137,9 +136,9 @@ class _RLTritonEstimator(CachedScalars):
             data.set(next_key, torch.where(torch.isnan(nxt), root, nxt))
         return data
 
-    def _values(self, tensordict, params, target_params, *, always_hold: bool = False, check: bool = False):
+    def _values(self, tensordict, params, target_params, *, always_hold: bool = False):
         """Value and next value, from the value network (TorchRL's ``_call_value_nets``) or from
-        the tensordict; records ``"shifted_valid"`` like TorchRL."""
+        the tensordict (both required there); records ``"shifted_valid"`` like TorchRL."""
         if self.value_network is not None:
             if params is not None:
                 params = params.detach()
@@ -159,19 +158,26 @@ class _RLTritonEstimator(CachedScalars):
                 if valid is not None:
                     tensordict.set("shifted_valid", valid)
             return value, next_value
-        value = tensordict.get(self.tensor_keys.value)
-        next_value = tensordict.get(("next", self.tensor_keys.value))
-        if check:
-            if value is None:
-                raise ValueError(
-                    f"The tensor with key {self.tensor_keys.value} is missing, and no value network was provided."
-                )
+        key = self.tensor_keys.value
+        return self._entry(tensordict, key, "value"), self._entry(tensordict, ("next", key), "value")
+
+    def _entry(self, tensordict, key, field: str, role: str | None = None, hint: str | None = None):
+        """``tensordict[key]``, or an error naming the key and this estimator: ``field`` is the
+        ``tensor_keys`` name of the entry (``key`` may be it under ``"next"``), ``role`` what it holds."""
+        value = tensordict.get(key, None)
+        if value is None:
+            if hint is None:
+                hint = ", and no value network was given" if field == "value" else ""
+            raise missing_entry(self, key, role or _ROLES.get(field, field), field, hint)
+        return value
+
+    def _next_state_value(self, tensordict, target_params, next_value, kwargs):
+        """V(s') as TorchRL's TD ``value_estimate`` gets it: given, from the value network, or read."""
+        if next_value is None:
+            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
             if next_value is None:
-                raise ValueError(
-                    f"The tensor with key {('next', self.tensor_keys.value)} is missing, and no value network was "
-                    "provided."
-                )
-        return value, next_value
+                raise missing_entry(self, ("next", self.tensor_keys.value), _ROLES["value"], "value")
+        return next_value
 
     def _td_inputs(self, tensordict, target_params, next_value, time_dim, kwargs, eps: float):
         """What TorchRL's TD(1)/TD(lambda) ``value_estimate`` reads, in its order: rewards
@@ -179,18 +185,20 @@ class _RLTritonEstimator(CachedScalars):
         V(s') from the value network unless given, the time dim, and the (shifted) signals."""
         steps = self._steps_to_next_obs(tensordict)
         if self.average_rewards:
-            self._standardize_rewards(tensordict, tensordict.get(("next", self.tensor_keys.reward)), eps)
-        if next_value is None:
-            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
+            reward = self._entry(tensordict, ("next", self.tensor_keys.reward), "reward")
+            self._standardize_rewards(tensordict, reward, eps)
+        next_value = self._next_state_value(tensordict, target_params, next_value, kwargs)
         time_dim = self._get_time_dim(time_dim, tensordict)
         valid = tensordict.get("shifted_valid", default=None)
         data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
         return (steps, next_value, time_dim, *self._signals(data_for_value))
 
     def _signals(self, data):
-        reward = data.get(("next", self.tensor_keys.reward))
-        done = data.get(("next", self.tensor_keys.done))
-        terminated = data.get(("next", self.tensor_keys.terminated), default=done)
+        """Reward, done and terminated under ``"next"`` (terminated defaults to done, as in TorchRL)."""
+        keys = self.tensor_keys
+        reward = self._entry(data, ("next", keys.reward), "reward")
+        done = self._entry(data, ("next", keys.done), "done")
+        terminated = data.get(("next", keys.terminated), default=done)
         return reward, done, terminated
 
     def _steps_to_next_obs(self, tensordict):
@@ -214,13 +222,29 @@ class _RLTritonEstimator(CachedScalars):
         tensordict.set(("next", self.tensor_keys.reward), reward)
         return reward
 
-    # ---------------------------------------------------------------- fast paths
+    # ---------------------------------------------------------------- the fast path
     #
-    # A forward call ``est(tensordict)`` without a value network whose entries are plain tensors of
-    # one shape runs the numbers directly: no TorchRL decorators (their effect is reproduced: the
-    # grad mode; skip_existing only concerns value-network calls), no key unravelling (KeyPaths),
-    # tensordict reads and writes without re-validation (td_internals), no shifted-tensordict
-    # copies. Anything else returns None before writing and takes the general, decorated path.
+    # ``est(tensordict)`` without a value network, on a TensorDict whose entries are plain tensors of
+    # one shape, runs the numbers directly: no TorchRL decorators (their effect is reproduced: the
+    # grad mode; skip_existing only concerns value-network calls) and no shifted-tensordict copies,
+    # which would take several times the host time of the rest of the call. Entries are read and
+    # written with tensordict's public get/set. Anything else (a missing entry included) returns None
+    # before writing, and the general, decorated path runs and raises TorchRL's or our errors.
+    # Each estimator says when the fast path applies (_fast_scalars) and gives its numbers
+    # (_fast_targets); both paths call the same rl_triton functions on the same tensors.
+
+    #: whether _fast_targets needs the (N, T) rows of a reshape (time last or [..., T, 1])
+    _FAST_ROWS = True
+    #: what a subclass must not override for the fast path to stand for its forward
+    _FAST_HOOKS: tuple = ()
+
+    def _fast_scalars(self) -> tuple | None:
+        """The scalars the fast path needs, or None when it does not apply."""
+        raise NotImplementedError
+
+    def _fast_targets(self, tensordict, value, next_value, reward, done, terminated, rows, scalars) -> tuple:
+        """``(advantage, value_target)`` in ``value``'s shape."""
+        raise NotImplementedError
 
     def _fast_or_general(self, args, kwargs, params, target_params, **extra):
         """``forward``'s dispatch: ``est(tensordict)`` on a ``TensorDict`` without a value network
@@ -232,28 +256,52 @@ class _RLTritonEstimator(CachedScalars):
                 return out
         return self._forward(*args, params=params, target_params=target_params, **extra, **kwargs)
 
-    def _fast_inputs(self, tensordict, time_dim, rows_needed: bool = True):
+    def _fast_forward(self, tensordict, time_dim=None):
+        """:meth:`_forward`'s outputs for the common case (see :meth:`_fast_inputs`), written into
+        ``tensordict``; None (nothing read past the check, nothing written) otherwise."""
+        if not _stock(type(self), self._FAST_HOOKS):
+            return None
+        scalars = self._fast_scalars()
+        if scalars is None:
+            return None
+        got = self._fast_inputs(tensordict, time_dim)
+        if got is None:
+            return None
+        value, next_value, reward, done, terminated, rows = got
+        switch = self._grad_mode_differs(value, next_value, reward)
+        advantage, value_target = self._in_grad_mode(
+            switch, self._fast_targets, tensordict, value, next_value, reward, done, terminated, rows, scalars
+        )
+        keys = self.tensor_keys
+        tensordict.set(keys.advantage, advantage)
+        tensordict.set(keys.value_target, value_target)
+        return tensordict
+
+    def _fast_inputs(self, tensordict, time_dim):
         """The common case: ``tensordict`` has batch dims, its value, next value, reward, done and
         terminated entries (``tensor_keys``) are plain tensors of one shape, the three float ones of
         one dtype, and it holds no ``steps_to_next_obs`` and no ``shifted_valid`` entry. Returns
-        ``(keys, internals, value, next_value, reward, done, terminated, rows)``, ``rows`` being the
-        ``(N, T)`` shape :func:`to_rows` gives by a reshape (None unless ``rows_needed``), or None."""
+        ``(value, next_value, reward, done, terminated, rows)``, ``rows`` being the ``(N, T)`` shape
+        :func:`to_rows` gives by a reshape (None unless ``_FAST_ROWS``), or None."""
         if not tensordict.batch_size:
             return None
-        internals = td_internals()
-        paths = KeyPaths.of(self)
-        got = paths.fetch(tensordict, _FAST_ENTRIES, internals)
-        if got is None:
+        keys = self.tensor_keys
+        get = tensordict.get
+        # a membership test of the root keys costs a fraction of a get
+        present = tensordict.keys()
+        steps = keys.steps_to_next_obs
+        if "shifted_valid" in present or (steps in present if type(steps) is str else get(steps, None) is not None):
             return None
-        value, next_value, reward, done, terminated, steps, valid = got
-        if terminated is None:
-            terminated = done
+        value = get(keys.value, None)
+        nxt = get("next", None)
+        if type(value) is not torch.Tensor or type(nxt) is not TensorDict:
+            return None
+        get = nxt.get
+        next_value, reward, done = get(keys.value, None), get(keys.reward, None), get(keys.done, None)
+        terminated = get(keys.terminated, done)
         Tensor = torch.Tensor
         if (
-            steps is not None
-            or valid is not None
-            or type(value) is not Tensor
-            or type(next_value) is not Tensor
+            type(next_value) is not Tensor
             or type(reward) is not Tensor
             or type(done) is not Tensor
             or type(terminated) is not Tensor
@@ -270,11 +318,11 @@ class _RLTritonEstimator(CachedScalars):
         ):
             return None
         rows = None
-        if rows_needed:
+        if self._FAST_ROWS:
             rows = rows_shape(shape, self._get_time_dim(time_dim, tensordict))
             if rows is None:
                 return None
-        return paths.keys, internals, value, next_value, reward, done, terminated, rows
+        return value, next_value, reward, done, terminated, rows
 
     def _grad_mode_differs(self, *tensors) -> bool:
         """Whether ops on ``tensors`` must run under ``torch.set_grad_enabled(self.differentiable)``
@@ -295,28 +343,13 @@ class _RLTritonEstimator(CachedScalars):
                 return fn(*args)
         return fn(*args)
 
-    def _fast_td(self, tensordict, value_target_fn, gamma_ok: bool, rows_needed: bool = True):
-        """TD(0)/TD(1)/TD(lambda) fast path: ``value_target_fn(value, next_value, reward, done,
-        terminated, rows)`` gives the target, or ``(target, target - value)`` from one launch;
-        writes ``advantage`` and ``value_target`` as :meth:`_td_forward` does. None when the call
-        is not the common case."""
-        if not gamma_ok or self.average_rewards or self.is_stateless:
+    def _td_scalars(self, *names) -> tuple | None:
+        """The TD estimators' fast-path condition: scalar ``names`` in [0, 1], no reward
+        standardisation and no functional value network."""
+        if self.average_rewards or self.is_stateless:
             return None
-        got = self._fast_inputs(tensordict, None, rows_needed)
-        if got is None:
-            return None
-        keys, internals, value, next_value, reward, done, terminated, rows = got
-
-        def targets():
-            value_target = value_target_fn(value, next_value, reward, done, terminated, rows)
-            if type(value_target) is tuple:  # a rows= call of returns_with_advantages
-                return _in_shape_of(value, value_target)
-            return value_target, value_target - value
-
-        value_target, advantage = self._in_grad_mode(self._grad_mode_differs(value, next_value, reward), targets)
-        td_set(tensordict, keys["advantage"], advantage, internals)
-        td_set(tensordict, keys["value_target"], value_target, internals)
-        return tensordict
+        values = tuple(self._scalar(name) for name in names)
+        return values if in_unit(*values) else None
 
     def _td_forward(self, tensordict, params, target_params):
         """TD(0)/TD(1)/TD(lambda) forward pass (value_target from :meth:`value_estimate`)."""
@@ -368,20 +401,19 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
     def forward(self, *args, params=None, target_params=None, **kwargs):
         """Computes the TD(0) advantage and target (see :class:`torchrl.objectives.value.TD0Estimator`).
 
-        ``est(tensordict)`` without a value network takes a fast path in the common case
+        ``est(tensordict)`` without a value network takes the fast path in the common case
         (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
         return self._fast_or_general(args, kwargs, params, target_params)
 
-    def _fast_forward(self, tensordict):
-        if not _stock(type(self), TD0Estimator, _TD_HOOKS + ("_td0_rows", "_all_steps")):
-            return None
-        gamma = self._scalar("gamma")
-        gamma_ok = in_unit(gamma)
+    _FAST_ROWS = False  # elementwise: no time dim
+    _FAST_HOOKS = _TD_HOOKS + ("_td0_rows", "_all_steps")
 
-        def target(value, next_value, reward, done, terminated, rows):
-            return self._td0_rows(reward, next_value, terminated, gamma, value)
+    def _fast_scalars(self):
+        return self._td_scalars("gamma")
 
-        return self._fast_td(tensordict, target, gamma_ok, rows_needed=False)
+    def _fast_targets(self, tensordict, value, next_value, reward, done, terminated, rows, scalars):
+        value_target, advantage = self._td0_rows(reward, next_value, terminated, scalars[0], value)
+        return _in_shape_of(value, (advantage, value_target))
 
     @_self_set_skip_existing
     @_self_set_grad_enabled
@@ -391,14 +423,16 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         return self._td_forward(tensordict, params, target_params)
 
     def value_estimate(self, tensordict, target_params=None, next_value=None, **kwargs):
-        reward = tensordict.get(("next", self.tensor_keys.reward))
+        reward = self._entry(tensordict, ("next", self.tensor_keys.reward), "reward")
         steps = self._steps_to_next_obs(tensordict)
         if self.average_rewards:
             reward = self._standardize_rewards(tensordict, reward, 1e-5)
-        if next_value is None:
-            next_value = self._next_value(tensordict, target_params, kwargs=kwargs)
-        done = tensordict.get(("next", self.tensor_keys.done))
+        next_value = self._next_state_value(tensordict, target_params, next_value, kwargs)
+        # TorchRL's TD(0) reads terminated alone when done is absent
+        done = tensordict.get(("next", self.tensor_keys.done), None)
         terminated = tensordict.get(("next", self.tensor_keys.terminated), default=done)
+        if terminated is None:
+            raise missing_entry(self, ("next", self.tensor_keys.done), _ROLES["done"], "done")
         gamma = self._scalar("gamma")
         if steps is not None or not in_unit(gamma) or not same_shapes(next_value, reward, terminated):
             return _trl_fn.td0_return_estimate(
@@ -413,7 +447,7 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
     def _td0_rows(self, reward, next_value, terminated, gamma, value=None):
         """The TD(0) target of same-shape ``reward``, ``next_value`` and ``terminated``; with
         ``value`` (of their shape and float dtype), ``(target, target - value)`` from one ``rows=``
-        launch (shaped by :meth:`_fast_td`)."""
+        launch (shaped by :meth:`_fast_targets`)."""
         # elementwise: any (N, L) split of the flat data gives the same numbers; short rows keep
         # every kernel program busy (one long row would be a sequential walk over all elements)
         dtype = common_float_dtype(reward, next_value)
@@ -479,22 +513,20 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
     def forward(self, *args, params=None, target_params=None, **kwargs):
         """Computes the TD(1) advantage and target (see :class:`torchrl.objectives.value.TD1Estimator`).
 
-        ``est(tensordict)`` without a value network takes a fast path in the common case
+        ``est(tensordict)`` without a value network takes the fast path in the common case
         (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
         return self._fast_or_general(args, kwargs, params, target_params)
 
-    def _fast_forward(self, tensordict):
-        if not _stock(type(self), TD1Estimator, _TD_HOOKS):
-            return None
-        gamma = self._scalar("gamma")
-        gamma_ok = in_unit(gamma)
+    _FAST_HOOKS = _TD_HOOKS
 
-        def target(value, next_value, reward, done, terminated, rows):
-            return F.returns_with_advantages(  # compute_discounted_returns, and its difference with value
-                reward, value, terminated, done, gamma=gamma, lambda_=1.0, bootstrap_values=next_value, rows=rows
-            )
+    def _fast_scalars(self):
+        return self._td_scalars("gamma")
 
-        return self._fast_td(tensordict, target, gamma_ok)
+    def _fast_targets(self, tensordict, value, next_value, reward, done, terminated, rows, scalars):
+        value_target, advantage = F.returns_with_advantages(  # compute_discounted_returns, and G - V
+            reward, value, terminated, done, gamma=scalars[0], lambda_=1.0, bootstrap_values=next_value, rows=rows
+        )
+        return _in_shape_of(value, (advantage, value_target))
 
     @_self_set_skip_existing
     @_self_set_grad_enabled
@@ -557,23 +589,22 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
     def forward(self, *args, params=None, target_params=None, **kwargs):
         """Computes the TD(lambda) advantage and target (see :class:`torchrl.objectives.value.TDLambdaEstimator`).
 
-        ``est(tensordict)`` without a value network takes a fast path in the common case
+        ``est(tensordict)`` without a value network takes the fast path in the common case
         (:meth:`_fast_inputs`); everything else TorchRL's decorated forward (:meth:`_forward`)."""
         return self._fast_or_general(args, kwargs, params, target_params)
 
-    def _fast_forward(self, tensordict):
-        if not _stock(type(self), TDLambdaEstimator, _TD_HOOKS):
-            return None
-        gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
-        gamma_ok = in_unit(gamma, lmbda)
+    _FAST_HOOKS = _TD_HOOKS
 
-        def target(value, next_value, reward, done, terminated, rows):
-            return F.returns_with_advantages(  # compute_lambda_returns, and its difference with value
-                reward, value, terminated, done, gamma=gamma, lambda_=lmbda, next_values=next_value,
-                bootstrap_values=next_value, rows=rows,
-            )  # fmt: skip
+    def _fast_scalars(self):
+        return self._td_scalars("gamma", "lmbda")
 
-        return self._fast_td(tensordict, target, gamma_ok)
+    def _fast_targets(self, tensordict, value, next_value, reward, done, terminated, rows, scalars):
+        gamma, lmbda = scalars
+        value_target, advantage = F.returns_with_advantages(  # compute_lambda_returns, and G - V
+            reward, value, terminated, done, gamma=gamma, lambda_=lmbda, next_values=next_value,
+            bootstrap_values=next_value, rows=rows,
+        )  # fmt: skip
+        return _in_shape_of(value, (advantage, value_target))
 
     @_self_set_skip_existing
     @_self_set_grad_enabled
@@ -680,21 +711,22 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         """
         return self._fast_or_general(args, kwargs, params, target_params, time_dim=time_dim)
 
-    def _fast_forward(self, tensordict, time_dim):
-        """:meth:`_forward` for the common case (:meth:`_fast_inputs`, ``auto_reset_env`` off, scalar
-        ``gamma``/``lmbda`` in [0, 1]); None (nothing read or written) otherwise."""
-        if self.auto_reset_env or not _stock_gae(type(self)):
+    # What GAE's forward calls that its fast path skips: a subclass overriding any of these keeps
+    # the general path
+    _FAST_HOOKS = (
+        "_forward", "_values", "_signals", "_steps_to_next_obs", "_prepare_shifted_tensordict", "_mask_shifted_output",
+        "_prepare_signals", "_gae", "_fast_forward", "_fast_inputs", "_fast_scalars", "_fast_targets",
+        "_grad_mode_differs",
+    )  # fmt: skip
+
+    def _fast_scalars(self):
+        if self.auto_reset_env:
             return None
         gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
-        if not in_unit(gamma, lmbda):
-            return None
-        got = self._fast_inputs(tensordict, time_dim)
-        if got is None:
-            return None
-        switch = self._grad_mode_differs(got[2], got[3], got[4])
-        return self._in_grad_mode(switch, self._fast_gae, tensordict, *got, gamma, lmbda)
+        return (gamma, lmbda) if in_unit(gamma, lmbda) else None
 
-    def _fast_gae(self, tensordict, keys, internals, value, next_value, reward, done, terminated, rows, gamma, lmbda):
+    def _fast_targets(self, tensordict, value, next_value, reward, done, terminated, rows, scalars):
+        gamma, lmbda = scalars
         adv, value_target = _in_shape_of(
             value,
             F.gae_with_next_values(
@@ -711,9 +743,7 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         )
         if self.average_gae:
             adv = self._normalize_advantage(adv, None, groups=self._group_ids(tensordict))
-        td_set(tensordict, keys["advantage"], adv, internals)
-        td_set(tensordict, keys["value_target"], value_target, internals)
-        return tensordict
+        return adv, value_target
 
     @_self_set_skip_existing
     @_self_set_grad_enabled
@@ -727,7 +757,7 @@ class GAE(_RLTritonEstimator, _trl.GAE):
             )
         steps_reward = tensordict.get(("next", self.tensor_keys.reward))
         steps = self._steps_to_next_obs(tensordict)
-        value, next_value = self._values(tensordict, params, target_params, check=True)
+        value, next_value = self._values(tensordict, params, target_params)
         time_dim = self._get_time_dim(time_dim, tensordict)
         valid = tensordict.get("shifted_valid", default=None)
         data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
@@ -772,24 +802,6 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         return value_target
 
 
-# What GAE's forward calls that its fast path skips: a subclass overriding any of these (beyond
-# MultiAgentGAE's broadcast of team signals, a no-op for the same-shape tensors the fast path takes)
-# keeps the general path.
-_GAE_HOOKS = (
-    "_forward", "_values", "_signals", "_steps_to_next_obs", "_prepare_shifted_tensordict", "_mask_shifted_output",
-    "_gae", "_fast_forward", "_fast_gae", "_fast_inputs", "_grad_mode_differs",
-)  # fmt: skip
-
-
-def _stock_gae(cls) -> bool:
-    ok = _STOCK.get(cls)
-    if ok is None:
-        ok = _STOCK[cls] = _stock(cls, GAE, _GAE_HOOKS) and (
-            cls._prepare_signals in (_trl.GAE._prepare_signals, _trl.MultiAgentGAE._prepare_signals)
-        )
-    return ok
-
-
 class MultiAgentGAE(_trl.MultiAgentGAE, GAE):
     """Multi-agent GAE, rl_triton-backed.
 
@@ -803,6 +815,10 @@ class MultiAgentGAE(_trl.MultiAgentGAE, GAE):
     materialised once for the kernel (N = batch x agents rows). Per-agent advantage standardisation
     (``average_gae``) is TorchRL's. Same fallbacks as :class:`GAE`.
     """
+
+    # TorchRL's broadcast of team signals (_prepare_signals) is a no-op for the same-shape entries
+    # the fast path takes, so this class is the reference its subclasses are checked against
+    _FAST_HOOKS = GAE._FAST_HOOKS
 
 
 # --------------------------------------------------------------------------------------------
@@ -900,10 +916,7 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
             else:
                 action = _maybe_get_or_select(tensordict, self.tensor_keys.action)
                 if action is None:
-                    raise KeyError(
-                        f"VTrace: the stored action {self.tensor_keys.action!r} is missing from the tensordict; it is "
-                        "needed to score the taken action under the target policy (set it with set_keys(action=...))"
-                    )
+                    raise missing_entry(self, self.tensor_keys.action, _ROLES["action"], "action")
                 log_pi = dist.log_prob(action)
         if is_tensor_collection(log_pi):
             log_pi = log_pi.sum(dim="feature", reduce=True)
@@ -911,54 +924,32 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
             log_pi = log_pi.flatten(tensordict.ndim, -1).sum(-1)
         return log_pi.reshape(value.shape)
 
-    def forward(self, *args, params=None, target_params=None, time_dim=None, **kwargs):
-        """Computes V-trace (see :class:`torchrl.objectives.value.VTrace`); writes ``advantage``, ``value_target``.
-
-        ``est(tensordict)`` on a ``TensorDict`` with ``skip_existing`` unset runs
-        :meth:`_vtrace_forward` without TorchRL's decorators, whose effect there is the grad mode
-        alone (reproduced); everything else goes through the decorated :meth:`_forward`."""
-        if len(args) == 1 and not kwargs and self.skip_existing is None and type(args[0]) is TensorDict:
-            switch = torch.is_grad_enabled() != self.differentiable
-            return self._in_grad_mode(switch, self._vtrace_forward, args[0], params, target_params, time_dim)
-        return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
-
     @_self_set_skip_existing
     @_self_set_grad_enabled
     @dispatch
-    def _forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
-        """TorchRL's V-trace forward, decorated (every call :meth:`forward` does not take directly)."""
-        return self._vtrace_forward(tensordict, params, target_params, time_dim)
-
-    def _vtrace_forward(self, tensordict, params, target_params, time_dim):
+    def forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
+        """Computes V-trace (see :class:`torchrl.objectives.value.VTrace`); writes ``advantage``, ``value_target``."""
         if tensordict.batch_dims < 1:
             raise RuntimeError(
                 "Expected input tensordict to have at least one dimensions, got "
                 f"tensordict.batch_size = {tensordict.batch_size}"
             )
-        got = None
-        if self.value_network is None and type(tensordict) is TensorDict and _stock(type(self), VTrace, _VTRACE_HOOKS):
-            # the common case: the entries read at once (same values as the reads below)
-            got = self._fast_inputs(tensordict, time_dim, rows_needed=False)
-        if got is not None:
-            _, _, value, next_value, reward, done, terminated, _ = got
-            steps = valid = None
-            steps_reward = reward
-        else:
-            steps = self._steps_to_next_obs(tensordict)
-            steps_reward = tensordict.get(("next", self.tensor_keys.reward))
-            value, next_value = self._values(tensordict, params, target_params, always_hold=True)
+        steps = self._steps_to_next_obs(tensordict)
+        steps_reward = self._entry(tensordict, ("next", self.tensor_keys.reward), "reward")
+        value, next_value = self._values(tensordict, params, target_params, always_hold=True)
 
         lp = _maybe_get_or_select(tensordict, self.tensor_keys.sample_log_prob)
+        if lp is None:
+            raise missing_entry(self, self.tensor_keys.sample_log_prob, _ROLES["sample_log_prob"], "sample_log_prob")
         if is_tensor_collection(lp):
             lp = lp.sum(dim="feature", reduce=True)
         log_mu = lp.view_as(value)
         log_pi = self._log_pi(tensordict, value)
 
         time_dim = self._get_time_dim(time_dim, tensordict)
-        if got is None:
-            valid = tensordict.get("shifted_valid", default=None)
-            data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
-            reward, done, terminated = self._signals(data_for_value)
+        valid = tensordict.get("shifted_valid", default=None)
+        data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        reward, done, terminated = self._signals(data_for_value)
 
         gamma, rho, c = self._scalar("gamma"), self._scalar("rho_thresh"), self._scalar("c_thresh")
         if (
@@ -995,9 +986,7 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
                 adv = (adv - adv.mean()) / adv.std().clamp_min(1e-5)
             else:
                 adv = _trl._standardize_by_group(adv, groups, eps=1e-5)
-        # outputs shaped like the value entry read from this TensorDict pass set()'s checks
-        direct = got is not None and td_internals() and adv.shape == value.shape == value_target.shape
-        td_set(tensordict, self.tensor_keys.advantage, adv, direct)
-        td_set(tensordict, self.tensor_keys.value_target, value_target, direct)
+        tensordict.set(self.tensor_keys.advantage, adv)
+        tensordict.set(self.tensor_keys.value_target, value_target)
         self._mask_shifted_output(tensordict, valid)
         return tensordict

@@ -6,7 +6,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+from tensordict import TensorDictBase, is_tensor_collection
 from tensordict.nn import TensorDictModule, dispatch
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.objectives.utils import hold_out_net
@@ -19,13 +19,12 @@ from torchrl.objectives.value.advantages import (
 
 from .. import functional as F
 from ._common import (
+    axis,
     common_float_dtype,
     expose_inherited_keys,
     in_unit,
+    missing_entry,
     non_negative,
-    td_get,
-    td_internals,
-    td_set,
     to_rows,
     to_rows_actions,
 )
@@ -233,16 +232,14 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
                     vmap_randomness=self.vmap_randomness,
                 )
             return q, next_q
-        q = td_get(tensordict, key)
-        next_q = td_get(tensordict, ("next", key))
-        for name, t in ((key, q), (("next", key), next_q)):
-            if t is None:
-                raise KeyError(f"Retrace: the action values {name!r} are missing and no value_network was given")
+        hint = ", and no value_network was given"
+        q = self._entry(tensordict, key, "action_value", "the action values Q(s, .)", hint)
+        next_q = self._entry(tensordict, ("next", key), "action_value", "the action values Q(s', .)", hint)
         return q, next_q
 
     def _target_probs(self, tensordict, next_state: bool):
         key = self.tensor_keys.target_probs
-        probs = td_get(tensordict, ("next", key) if next_state else key)
+        probs = tensordict.get(("next", key) if next_state else key, None)
         if probs is not None or self.actor_network is None:
             return probs
         source = tensordict.get("next", None) if next_state else tensordict
@@ -267,12 +264,12 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
         if key in _LOG_PROB_DEFAULTS:
             candidates += [k for k in _LOG_PROB_DEFAULTS if k != key]
         for k in candidates:
-            lp = td_get(tensordict, k)
+            lp = tensordict.get(k, None)
             if lp is not None:
                 if is_tensor_collection(lp):
                     lp = lp.sum(dim="feature", reduce=True)
                 return lp
-        raise KeyError(f"Retrace: the behaviour log-probability {key!r} is missing from the tensordict")
+        raise missing_entry(self, key, "the behaviour policy's log-probability of the stored action", "sample_log_prob")
 
     @staticmethod
     def _action_index(action: torch.Tensor, batch_ndim: int, num_actions: int) -> torch.Tensor:
@@ -290,8 +287,17 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
 
     # ---------------------------------------------------------------------------- compute
 
+    def _time_dim(self, time_dim, tensordict) -> int:
+        """The time dim of ``tensordict`` (TorchRL's rule), which must have one."""
+        if tensordict.batch_dims < 1:
+            raise RuntimeError(
+                "Expected input tensordict to have at least one dimension, got tensordict.batch_size = "
+                f"{tensordict.batch_size}"
+            )
+        return axis(self._get_time_dim(time_dim, tensordict), tensordict.batch_dims)
+
     def _retrace(self, tensordict: TensorDictBase, q_all, next_q_all, time_dim: int):
-        if td_get(tensordict, self.tensor_keys.steps_to_next_obs) is not None:
+        if tensordict.get(self.tensor_keys.steps_to_next_obs, None) is not None:
             raise NotImplementedError("Retrace does not support a per-step discount (steps_to_next_obs)")
         gamma, lmbda, c_bar, rho_bar = self._check_scalars()
         batch = tensordict.batch_size
@@ -313,14 +319,12 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
                 )
             return t.reshape(batch)
 
-        reward = td_get(tensordict, ("next", k.reward))
-        if reward is None:
-            reward = tensordict.get(("next", k.reward))  # whatever get() does for a missing entry
+        reward = self._entry(tensordict, ("next", k.reward), "reward")
         out_shape = reward.shape
         reward = per_step(("next", k.reward), reward)
-        done = td_get(tensordict, ("next", k.done))
-        terminated = td_get(tensordict, ("next", k.terminated))
-        truncated = td_get(tensordict, ("next", k.truncated))
+        done = tensordict.get(("next", k.done), None)
+        terminated = tensordict.get(("next", k.terminated), None)
+        truncated = tensordict.get(("next", k.truncated), None)
         if terminated is None:
             terminated = done if done is not None else torch.zeros(batch, dtype=torch.bool, device=reward.device)
         terminated = per_step(("next", k.terminated), terminated).bool()
@@ -334,18 +338,15 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
         else:
             truncated = torch.zeros_like(terminated)
 
-        action = td_get(tensordict, k.action)
-        if action is None:
-            raise KeyError(f"Retrace: the stored action {k.action!r} is missing from the tensordict")
+        action = self._entry(tensordict, k.action, "action", "the stored action")
         action = self._action_index(action, nb, num_actions)
         q_taken = q_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         mu = per_step(k.sample_log_prob, self._behaviour_log_prob(tensordict)).exp()
 
         pi = self._target_probs(tensordict, next_state=False)
         if pi is None:
-            raise KeyError(
-                f"Retrace: the target probabilities {k.target_probs!r} are missing and no actor_network was given"
-            )
+            hint = ", and no actor_network was given"
+            raise missing_entry(self, k.target_probs, "the target policy's probabilities", "target_probs", hint)
         next_pi = self._target_probs(tensordict, next_state=True)
 
         dtype = common_float_dtype(q_all, next_q_all, reward)
@@ -375,13 +376,16 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
 
         return back(q_targets), back(adv)
 
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
     def forward(
         self,
-        *args,
+        tensordict: TensorDictBase,
+        *,
         params: TensorDictBase | None = None,
         target_params: TensorDictBase | None = None,
         time_dim: int | None = None,
-        **kwargs,
     ) -> TensorDictBase:
         """Writes the Retrace targets (``value_target``) and advantages (``advantage``) into ``tensordict``.
 
@@ -392,43 +396,9 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
             params, target_params: parameters for a functional ``value_network`` (the next-state
                 action values use ``target_params``).
             time_dim: overrides the estimator's ``time_dim`` for this call.
-
-        ``est(tensordict)`` on a ``TensorDict`` runs the computation without TorchRL's decorators
-        when their effect is the grad mode alone (reproduced): ``skip_existing`` unset, or no network
-        for it to apply to.
         """
-        if (
-            len(args) == 1
-            and not kwargs
-            and type(args[0]) is TensorDict
-            and (self.skip_existing is None or (self.value_network is None and self.actor_network is None))
-        ):
-            switch = torch.is_grad_enabled() != self.differentiable
-            return self._in_grad_mode(switch, self._retrace_forward, args[0], params, target_params, time_dim)
-        return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
-
-    @_self_set_skip_existing
-    @_self_set_grad_enabled
-    @dispatch
-    def _forward(
-        self,
-        tensordict: TensorDictBase,
-        *,
-        params: TensorDictBase | None = None,
-        target_params: TensorDictBase | None = None,
-        time_dim: int | None = None,
-    ) -> TensorDictBase:
-        """:meth:`forward` through TorchRL's decorators (skip_existing, grad mode, keyword call form)."""
-        return self._retrace_forward(tensordict, params, target_params, time_dim)
-
-    def _retrace_forward(self, tensordict, params, target_params, time_dim) -> TensorDictBase:
-        if tensordict.batch_dims < 1:
-            raise RuntimeError(
-                f"Expected input tensordict to have at least one dimension, got tensordict.batch_size = "
-                f"{tensordict.batch_size}"
-            )
+        time_dim = self._time_dim(time_dim, tensordict)
         q_all, next_q_all = self._action_values(tensordict, params, target_params)
-        time_dim = self._get_time_dim(time_dim, tensordict)
         value_target, adv = self._retrace(tensordict, q_all, next_q_all, time_dim)
         if self.average_adv:
             groups = self._group_ids(tensordict)
@@ -436,10 +406,8 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
                 adv = (adv - adv.mean()) / adv.std().clamp_min(1e-5)
             else:
                 adv = _standardize_by_group(adv, groups, eps=1e-5)
-        # both outputs have the shape of the reward entry read from this tensordict: set()'s checks pass
-        direct = type(tensordict) is TensorDict and td_internals()
-        td_set(tensordict, self.tensor_keys.advantage, adv, direct)
-        td_set(tensordict, self.tensor_keys.value_target, value_target, direct)
+        tensordict.set(self.tensor_keys.advantage, adv)
+        tensordict.set(self.tensor_keys.value_target, value_target)
         return tensordict
 
     def value_estimate(
@@ -451,7 +419,7 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
         **kwargs,
     ) -> torch.Tensor:
         """The Retrace Q targets (``value_target``) alone, shaped like the reward."""
+        time_dim = self._time_dim(time_dim, tensordict)
         q_all, next_q_all = self._action_values(tensordict, params, target_params)
-        time_dim = self._get_time_dim(time_dim, tensordict)
         value_target, _ = self._retrace(tensordict, q_all, next_q_all, time_dim)
         return value_target

@@ -2,17 +2,17 @@
 
 ``est(tensordict)`` without a value network, on a TensorDict whose value / next value / reward /
 done / terminated entries are plain tensors of one shape, runs without TorchRL's decorators and
-tensordict re-validation (``_fast_forward``). Everything else takes the decorated, general forward
-(``_forward``). These tests check that the fast path writes exactly what the general path writes
-(bit for bit), that it hands over every case it does not cover, and that it keeps TorchRL's grad
-mode, keys (``set_keys``, nested keys) and errors.
+shifted-tensordict copies (``_fast_forward``). Everything else takes the decorated, general forward
+(``_forward``); V-trace and Retrace have the decorated path alone. These tests check that the fast
+path writes exactly what the general path writes (bit for bit), that it hands over every case it
+does not cover, and that it keeps TorchRL's grad mode, keys (``set_keys``, nested keys) and errors.
 """
 
 import pytest
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 
-from rl_triton.modules import GAE, MultiAgentGAE, TD0Estimator, TD1Estimator, TDLambdaEstimator, _common
+from rl_triton.modules import GAE, MultiAgentGAE, TD0Estimator, TD1Estimator, TDLambdaEstimator
 
 GAMMA, LMBDA = 0.95, 0.9
 
@@ -297,25 +297,6 @@ def test_grad_mode(path, name, differentiable, grad_mode):
             torch.testing.assert_close(x, y)
 
 
-def test_public_tensordict_accessors(path, monkeypatch):
-    """Without tensordict's internal accessors (another tensordict version), the fast path reads
-    and writes through get/set, with the same results."""
-    monkeypatch.setattr(_common, "_TD_INTERNALS", [False])
-    for name in ["GAE", "TD0", "TD1", "TDLambda"]:
-        est = ESTIMATORS[name]()
-        fast, general, fell_back = _run_both(est, _td(device=path.device))
-        assert not fell_back
-        _assert_same(fast, general)
-
-
-def test_probe_of_tensordict_internals(monkeypatch):
-    assert _common._probe_td_internals() is True
-    monkeypatch.setattr(TensorDict, "_set_str", lambda self, key, value, **kw: self)
-    assert _common._probe_td_internals() is False
-    monkeypatch.delattr(TensorDict, "_set_str")
-    assert _common._probe_td_internals() is False
-
-
 def test_multi_agent_gae_team_signals_take_the_general_path(path):
     """Team-level rewards broadcast over the agent dim: MultiAgentGAE's own broadcast (general path)."""
     est = MultiAgentGAE(gamma=GAMMA, lmbda=LMBDA, value_network=None)
@@ -350,92 +331,3 @@ def test_td0_boundary_flags_are_reused_not_shared_across_modes(path):
     fast, general, _ = _run_both(est, _td(device=path.device))
     _assert_same(fast, general)
     assert not est.__dict__["_rlt_all_steps"][1].is_inference()
-
-
-# ------------------------------------------------------------------------------------------------
-# V-trace and Retrace: ``est(tensordict)`` skips TorchRL's decorators (skip_existing unset) and
-# reads the common case's entries at once; the numbers are those of the decorated ``_forward``.
-
-
-def _vtrace_setup(device, source):
-    from rl_triton.modules import VTrace
-    from tests.modules._rollouts import critic, rollout
-    from tests.modules.test_vtrace_module import add_behaviour, make_actor
-
-    td = rollout((3, 13), device=device, values=source == "values")
-    actor = make_actor(device=device)
-    add_behaviour(td, actor)
-    net = critic(device) if source == "net" else None
-    return td, lambda **kw: VTrace(**{"gamma": GAMMA, "actor_network": actor, "value_network": net, **kw})
-
-
-@pytest.mark.parametrize("source", ["values", "net"])
-@pytest.mark.parametrize("kwargs", [{}, {"average_adv": True}, {"skip_existing": True}, {"gamma": 1.5}], ids=str)
-def test_vtrace_direct_call_equals_decorated_forward(path, source, kwargs):
-    td, make = _vtrace_setup(path.device, source)
-    est = make(**kwargs)
-    fast, general, fell_back = _run_both(est, td)
-    assert fell_back == ("skip_existing" in kwargs)
-    _assert_same(fast, general)
-
-
-@pytest.mark.parametrize("differentiable", [False, True])
-@pytest.mark.parametrize("grad_mode", [False, True], ids=["no_grad", "enable_grad"])
-def test_vtrace_grad_mode(path, differentiable, grad_mode):
-    td, make = _vtrace_setup(path.device, "values")
-    est = make(differentiable=differentiable)
-    outs = []
-    for run in (est, est._forward):
-        data = td.clone()
-        value = data.get("state_value").requires_grad_(True)
-        with torch.set_grad_enabled(grad_mode):
-            out = run(data)
-        adv = out.get("value_target")
-        grads = torch.autograd.grad(adv.sum(), value) if adv.requires_grad else None
-        outs.append((adv.requires_grad, adv.detach(), grads))
-    (ra, a, ga), (rb, b, gb) = outs
-    assert ra == rb == differentiable
-    torch.testing.assert_close(a, b, rtol=0, atol=0)
-    if ga is not None:
-        torch.testing.assert_close(ga, gb)
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"average_adv": True}, {"skip_existing": True}], ids=str)
-def test_retrace_direct_call_equals_decorated_forward(path, kwargs):
-    from rl_triton.modules import Retrace
-    from tests.modules.test_retrace_module import retrace_rollout
-
-    td = retrace_rollout((3, 13), device=path.device)
-    est = Retrace(gamma=GAMMA, lmbda=LMBDA, **kwargs)
-    fast, general, fell_back = _run_both(est, td)
-    assert not fell_back  # no actor or value network: skip_existing changes nothing, so it is not needed
-    _assert_same(fast, general)
-    # the keyword call form and other tensordict types go through the decorated forward
-    lazy = LazyStackedTensorDict.lazy_stack([td[0], td[1], td[2]], 0)
-    spy = _Spy(est)
-    out = est(lazy.clone())
-    assert spy.calls == 1
-    _assert_same(out.to_tensordict(), est._forward(lazy.clone()).to_tensordict())
-
-
-@pytest.mark.parametrize("skip_existing", [None, True])
-def test_retrace_with_networks(path, skip_existing):
-    """With a Q-network and an actor, skip_existing applies to their calls: set, the decorated path
-    runs; unset, the direct call gives the decorated path's numbers."""
-    from tensordict.nn import TensorDictModule
-    from torch import nn
-    from torch.distributions import Categorical
-    from torchrl.modules import ProbabilisticActor
-
-    from rl_triton.modules import Retrace
-    from tests.modules._rollouts import OBS_DIM
-    from tests.modules.test_retrace_module import A, retrace_rollout
-
-    td = retrace_rollout((3, 13), device=path.device).exclude("action_value", ("next", "action_value"), "target_probs")
-    qnet = TensorDictModule(nn.Linear(OBS_DIM, A), in_keys=["obs"], out_keys=["action_value"]).to(path.device)
-    logits = TensorDictModule(nn.Linear(OBS_DIM, A), in_keys=["obs"], out_keys=["logits"])
-    actor = ProbabilisticActor(logits, in_keys=["logits"], distribution_class=Categorical).to(path.device)
-    est = Retrace(gamma=GAMMA, lmbda=LMBDA, value_network=qnet, actor_network=actor, skip_existing=skip_existing)
-    fast, general, fell_back = _run_both(est, td)
-    assert fell_back == (skip_existing is not None)
-    _assert_same(fast, general)
