@@ -9,6 +9,7 @@
 * :class:`CachedScalars` keeps Python-float copies of 0-d tensor buffers (``gamma``, ``lmbda``,
   ...), so that a forward pass on CUDA passes plain floats to the kernels instead of calling
   ``.item()`` (a host sync) every time.
+* :class:`MissingEntryError` / :func:`missing_entry`: the error for an absent tensordict entry.
 """
 
 from __future__ import annotations

@@ -864,7 +864,8 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
     default ``"action"``; composite distributions are scored on the whole tensordict with
     log-probabilities summed over heads; per-dimension log-probabilities are summed over the
     trailing dims). ``log mu`` is read from the ``sample_log_prob`` key as in TorchRL. The actor is
-    held out of the graph (no gradient), as in TorchRL. ``in_keys`` additionally lists the action.
+    held out of the graph (no gradient), as in TorchRL. ``in_keys`` additionally lists the action; a
+    tensordict without it raises :class:`~rl_triton.modules.MissingEntryError`.
 
     Falls back to TorchRL's ``vtrace_advantage_estimate`` (with the stored-action log pi) for a
     per-step discount (``steps_to_next_obs``), non-scalar thresholds, ``gamma`` outside [0, 1] or
