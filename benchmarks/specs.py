@@ -141,8 +141,8 @@ class Inputs:
 # rl_triton calls
 
 
-def _gae(x):
-    return (R.compute_gae(x["r"], x["v"], x["term"], gamma=GAMMA, lambda_=LAMBDA, last_value=x["last"]),)
+def _gae(x, plan=None):
+    return (R.compute_gae(x["r"], x["v"], x["term"], gamma=GAMMA, lambda_=LAMBDA, last_value=x["last"], plan=plan),)
 
 
 def _gae_trl(x):
@@ -150,10 +150,11 @@ def _gae_trl(x):
     return adv, adv + x["v"]
 
 
-def _vtrace(x):
+def _vtrace(x, plan=None):
     return R.compute_vtrace(
-        x["lpt"], x["lpb"], x["v"], x["r"], x["term"], gamma=GAMMA, rho_bar=RHO_BAR, c_bar=C_BAR, last_value=x["last"]
-    )
+        x["lpt"], x["lpb"], x["v"], x["r"], x["term"], gamma=GAMMA, rho_bar=RHO_BAR, c_bar=C_BAR, last_value=x["last"],
+        plan=plan,
+    )  # fmt: skip
 
 
 def _vtrace_trl(x):
@@ -170,23 +171,23 @@ def _vtrace_module_ref(x):
     )
 
 
-def _retrace(x):
+def _retrace(x, plan=None):
     return R.compute_retrace(
         x["probs"], x["mu"], x["q"], x["nq"], x["act"], x["r"], x["term"], x["trunc"],
-        gamma=GAMMA, lambda_=LAMBDA, c_bar=C_BAR, rho_bar=RHO_BAR,
+        gamma=GAMMA, lambda_=LAMBDA, c_bar=C_BAR, rho_bar=RHO_BAR, plan=plan,
     )  # fmt: skip
 
 
-def _returns(x):
-    return (R.compute_discounted_returns(x["r"], x["term"], gamma=GAMMA),)
+def _returns(x, plan=None):
+    return (R.compute_discounted_returns(x["r"], x["term"], gamma=GAMMA, plan=plan),)
 
 
 def _returns_trl(x):
     return (R.compute_discounted_returns(x["r"], x["done"], gamma=GAMMA),)
 
 
-def _lambda(x):
-    return (R.compute_lambda_returns(x["r"], x["nv"], x["term"], gamma=GAMMA, lambda_=LAMBDA),)
+def _lambda(x, plan=None):
+    return (R.compute_lambda_returns(x["r"], x["nv"], x["term"], gamma=GAMMA, lambda_=LAMBDA, plan=plan),)
 
 
 def _lambda_trl(x):
@@ -197,12 +198,12 @@ def _lambda_trl(x):
     )
 
 
-def _traces(x):
-    return (R.compute_eligibility_traces(x["r"], x["done"], gamma=GAMMA, lambda_=LAMBDA),)
+def _traces(x, plan=None):
+    return (R.compute_eligibility_traces(x["r"], x["done"], gamma=GAMMA, lambda_=LAMBDA, plan=plan),)
 
 
-def _prefix(x):
-    return (R.compute_episodic_prefix_sum(x["r"], x["done"]),)
+def _prefix(x, plan=None):
+    return (R.compute_episodic_prefix_sum(x["r"], x["done"], plan=plan),)
 
 
 @dataclass(frozen=True)

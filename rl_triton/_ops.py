@@ -27,10 +27,11 @@ _MAX_FLOATS = 4  # ... and the most hyper-parameters
 def _argument_kinds(sig: inspect.Signature) -> tuple[tuple, tuple, tuple]:
     """(tensor, float, str) parameter names of a public function, from its annotations (strings
     under ``from __future__ import annotations``)."""
-    kinds: dict[str, list] = {"tensor": [], "float": [], "str": []}
+    kinds: dict[str, list] = {"tensor": [], "float": [], "str": [], "plan": []}
     for name, param in sig.parameters.items():
         ann = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
         kind = "tensor" if "Tensor" in ann else "float" if ann == "float" else "str" if ann == "str" else None
+        kind = "plan" if "Plan" in ann else kind  # launch plans stay eager: the op carries none
         if kind is None:
             raise TypeError(f"compilable: cannot map parameter {name!r} ({ann!r}) of a public function")
         kinds[kind].append(name)
@@ -56,6 +57,8 @@ def compilable(*, like: str, n_out: int) -> Callable:
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
             a = bound.arguments
+            if a.get("plan") is not None:
+                raise TypeError(f"{name}: plan= is not supported under torch.compile")
             option = a[strings[0]] if strings else ""
             out = call(name, [a[k] for k in tensors], [float(a[k]) for k in floats], option)
             return out[0] if n_out == 1 else tuple(out)

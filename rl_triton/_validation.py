@@ -170,10 +170,10 @@ def _time_major(steps: dict, flags: dict, per_action: dict, actions, dtype: torc
         given.append(actions[1])
     if not given or not all(_is_time_major(t) for t in given):
         return False
-    from .kernels import launch  # imports Triton: only for calls that are time-major
+    from .kernels import plans  # imports Triton: only for calls that are time-major
 
     num_actions = next((t.shape[-1] for t in per_action.values() if t is not None), 0)
-    return launch.time_major_in_place(*given[0].shape[:2], num_actions, dtype)
+    return plans.reads_time_major_in_place(*given[0].shape[:2], num_actions, dtype)
 
 
 def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | None:

@@ -18,12 +18,17 @@ SEMANTICS.md and are repeated in each docstring. Conventions shared by all funct
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from . import reference
 from ._dispatch import run
 from ._ops import compilable
 from ._validation import check_data, check_probabilities, prepare, scalar
+
+if TYPE_CHECKING:
+    from .kernels.plans import Plan
 
 _BOOT_DIFF = ("bootstrap_values", "last_value")
 # per-call constants (a tuple built in the call would be rebuilt, and hashed by the validation cache, every time)
@@ -68,6 +73,7 @@ def compute_gae(
     lambda_: float,
     bootstrap_values: torch.Tensor | None = None,
     last_value: torch.Tensor | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """Generalized Advantage Estimation (Schulman et al., 2016).
 
@@ -88,6 +94,10 @@ def compute_gae(
         last_value: optional ``(N,)`` float, V(s_T) for the last step only; exclusive with
             ``bootstrap_values`` and with ``truncateds``.
 
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
+            default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path.
+
     Returns:
         advantages, ``(N, T)`` in the input dtype.
 
@@ -100,12 +110,14 @@ def compute_gae(
     """
     fn = "compute_gae"
     _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
-    return _gae(fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False)
+    return _gae(
+        fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False, plan=plan
+    )
 
 
 def _gae(
     fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all, targets=False,
-    rows=None,
+    rows=None, plan=None,
 ):  # fmt: skip
     s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_), "next_all": next_all}
     p = prepare(
@@ -121,21 +133,21 @@ def _gae(
     if targets:
 
         def both():
-            return _launchers().gae(p, s["gamma"], s["lambda_"], next_all, True)
+            return _launchers().gae(p, s["gamma"], s["lambda_"], next_all, True, plan)
 
         adv, tgt = run(p, reference.gae_targets, s, both, _GAE_DIFF, 2)
         return p.finish(adv), p.finish(tgt)
 
     def kernel():
         launch = _launchers()
-        return (launch.gae(p, s["gamma"], s["lambda_"], next_all),)
+        return (launch.gae(p, s["gamma"], s["lambda_"], next_all, plan=plan),)
 
     (adv,) = run(p, reference.gae, s, kernel, _GAE_DIFF, 1)
     return p.finish(adv)
 
 
 def gae_with_next_values(
-    rewards, values, next_values, terminateds, dones, *, gamma, lambda_, targets: bool = False, rows=None
+    rewards, values, next_values, terminateds, dones, *, gamma, lambda_, targets: bool = False, rows=None, plan=None
 ):  # fmt: skip
     """GAE in TorchRL's form: ``next_values[t]`` = V(s_{t+1}) is used at every step (not only at
     boundaries), ``dones`` cuts the recursion and ``terminateds`` zeroes the bootstrap::
@@ -150,7 +162,7 @@ def gae_with_next_values(
     outputs then come in that shape, without view ops on the kernel path (:func:`prepare`).
     """
     fn = "gae_with_next_values"
-    return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows)
+    return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows, plan)
 
 
 @compilable(like="rewards", n_out=2)
@@ -167,6 +179,7 @@ def compute_vtrace(
     c_bar: float = 1.0,
     bootstrap_values: torch.Tensor | None = None,
     last_value: torch.Tensor | None = None,
+    plan: Plan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """V-trace targets and policy-gradient advantages (Espeholt et al., 2018).
 
@@ -192,6 +205,10 @@ def compute_vtrace(
         terminateds, truncateds, bootstrap_values, last_value: as in :func:`compute_gae`.
         gamma: discount in [0, 1]. rho_bar, c_bar: clipping thresholds (>= 0; default 1).
 
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
+            default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path.
+
     Returns:
         ``(vs, advantages)``, each ``(N, T)`` in the input dtype.
 
@@ -207,13 +224,13 @@ def compute_vtrace(
     _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
     return _vtrace(
         fn, log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma, rho_bar, c_bar,
-        bootstrap_values, last_value, False,
+        bootstrap_values, last_value, False, plan,
     )  # fmt: skip
 
 
 def _vtrace(
     fn, log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma, rho_bar, c_bar,
-    bootstrap_values, last_value, next_all,
+    bootstrap_values, last_value, next_all, plan=None,
 ):  # fmt: skip
     s = {
         "gamma": scalar("gamma", gamma),
@@ -239,21 +256,22 @@ def _vtrace(
 
     def kernel():
         launch = _launchers()
-        return launch.vtrace(p, s["gamma"], s["rho_bar"], s["c_bar"], next_all)
+        return launch.vtrace(p, s["gamma"], s["rho_bar"], s["c_bar"], next_all, plan)
 
     vs, adv = run(p, reference.vtrace, s, kernel, _GAE_DIFF, 2)
     return p.finish(vs), p.finish(adv)
 
 
 def vtrace_with_next_values(
-    log_pi_target, log_pi_behavior, values, next_values, rewards, terminateds, dones, *, gamma, rho_bar=1.0, c_bar=1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
+    log_pi_target, log_pi_behavior, values, next_values, rewards, terminateds, dones, *, gamma, rho_bar=1.0, c_bar=1.0,
+    plan=None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """V-trace in TorchRL's form: ``next_values[t]`` = V(s_{t+1}) at every step, ``dones`` cuts the
     recursion (and makes the advantage bootstrap from ``next_values``), ``terminateds`` zeroes the
     bootstrap. Returns ``(vs, advantages)``. Used by :mod:`rl_triton.modules`."""
     return _vtrace(
         "vtrace_with_next_values", log_pi_target, log_pi_behavior, values, rewards, terminateds, dones, gamma,
-        rho_bar, c_bar, next_values, None, True,
+        rho_bar, c_bar, next_values, None, True, plan,
     )  # fmt: skip
 
 
@@ -273,6 +291,7 @@ def compute_retrace(
     c_bar: float = 1.0,
     rho_bar: float = 1.0,
     next_action_probs_target: torch.Tensor | None = None,
+    plan: Plan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Retrace(lambda) Q targets and advantages for discrete actions (Munos et al., 2016).
 
@@ -303,6 +322,10 @@ def compute_retrace(
 
     Probabilities are treated as constants for autograd; gradients flow to ``q_values``,
     ``next_q_values_all`` and ``rewards``.
+
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
+            default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path.
 
     Returns:
         ``(q_targets, advantages)``, each ``(N, T)`` in the input dtype.
@@ -340,7 +363,7 @@ def compute_retrace(
 
     def kernel():
         launch = _launchers()
-        return launch.retrace(p, s["gamma"], s["lambda_"], s["c_bar"], s["rho_bar"])
+        return launch.retrace(p, s["gamma"], s["lambda_"], s["c_bar"], s["rho_bar"], plan)
 
     qt, adv = run(p, reference.retrace, s, kernel, ("rewards", "q_values", "next_q_values_all"), 2)
     return p.finish(qt), p.finish(adv)
@@ -354,6 +377,7 @@ def compute_discounted_returns(
     *,
     gamma: float,
     bootstrap_values: torch.Tensor | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """Discounted returns (reward-to-go) that restart at episode boundaries.
 
@@ -368,6 +392,10 @@ def compute_discounted_returns(
     Args:
         rewards: ``(N, T)`` float. terminateds, truncateds: ``(N, T)`` flags.
         gamma: discount in [0, 1]. bootstrap_values: optional ``(N, T)`` float (see compute_gae).
+
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
+            default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path.
 
     Returns:
         returns, ``(N, T)`` in the input dtype.
@@ -390,7 +418,7 @@ def compute_discounted_returns(
 
     def kernel():
         launch = _launchers()
-        return (launch.returns(p, s["gamma"], 1.0),)
+        return (launch.returns(p, s["gamma"], 1.0, plan=plan),)
 
     (g,) = run(p, reference.lambda_returns, s, kernel, ("rewards", "bootstrap_values"), 1)
     return p.finish(g)
@@ -406,6 +434,7 @@ def compute_lambda_returns(
     gamma: float,
     lambda_: float,
     bootstrap_values: torch.Tensor | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """TD(lambda) returns.
 
@@ -427,6 +456,10 @@ def compute_lambda_returns(
             at truncated steps and the last step (zero when not given).
         gamma, lambda_: in [0, 1].
 
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
+            default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path.
+
     Returns:
         returns, ``(N, T)`` in the input dtype.
     """
@@ -442,14 +475,15 @@ def compute_lambda_returns(
 
     def kernel():
         launch = _launchers()
-        return (launch.returns(p, s["gamma"], s["lambda_"]),)
+        return (launch.returns(p, s["gamma"], s["lambda_"], plan=plan),)
 
     (g,) = run(p, reference.lambda_returns, s, kernel, ("rewards", "next_values", "bootstrap_values"), 1)
     return p.finish(g)
 
 
 def returns_with_advantages(
-    rewards, values, terminateds, truncateds, *, gamma, lambda_, next_values=None, bootstrap_values=None, rows=None
+    rewards, values, terminateds, truncateds, *, gamma, lambda_, next_values=None, bootstrap_values=None, rows=None,
+    plan=None,
 ):  # fmt: skip
     """``(G, G - values)`` from one kernel launch, for :mod:`rl_triton.modules`' TD(1) and TD(lambda)
     estimators: ``G`` is :func:`compute_lambda_returns` (with ``next_values``) or, without them and
@@ -468,14 +502,14 @@ def returns_with_advantages(
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
-        return _launchers().returns(p, s["gamma"], s["lambda_"], True)
+        return _launchers().returns(p, s["gamma"], s["lambda_"], True, plan)
 
     diff = ("rewards", "values", "next_values", "bootstrap_values")
     g, adv = run(p, reference.returns_advantages, s, kernel, diff, 2)
     return p.finish(g), p.finish(adv)
 
 
-def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict) -> torch.Tensor:
+def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict, plan=None) -> torch.Tensor:
     p = prepare(
         fn,
         steps={x_name: x},
@@ -488,7 +522,7 @@ def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict) -> torc
 
     def kernel():
         launch = _launchers()
-        return (launch.forward_trace(p, s["scale"], s["starts_at"]),)
+        return (launch.forward_trace(p, s["scale"], s["starts_at"], plan),)
 
     (y,) = run(p, reference.forward_trace, s, kernel, ("inputs", "seed_values"), 1)
     return p.finish(y)
@@ -502,6 +536,7 @@ def compute_eligibility_traces(
     gamma: float,
     lambda_: float,
     seed_values: torch.Tensor | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """Accumulating eligibility traces (forward scan).
 
@@ -516,6 +551,10 @@ def compute_eligibility_traces(
         dones: ``(N, T)`` flags, terminated OR truncated.
         gamma, lambda_: in [0, 1]. seed_values: optional ``(N,)`` float, the trace before t = 0.
 
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
+            default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path.
+
     Returns:
         traces, ``(N, T)`` in the input dtype.
 
@@ -527,7 +566,7 @@ def compute_eligibility_traces(
     """
     gl = scalar("gamma", gamma) * scalar("lambda_", lambda_)
     s = {"scale": gl, "starts_at": False}
-    return _forward_trace("compute_eligibility_traces", "gradients", gradients, dones, seed_values, s)
+    return _forward_trace("compute_eligibility_traces", "gradients", gradients, dones, seed_values, s, plan)
 
 
 @compilable(like="inputs", n_out=1)
@@ -537,6 +576,7 @@ def compute_episodic_prefix_sum(
     *,
     boundary: str = "ends_at",
     seed_values: torch.Tensor | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """Cumulative sum along time that restarts at episode boundaries (forward scan).
 
@@ -554,6 +594,10 @@ def compute_episodic_prefix_sum(
         inputs: ``(N, T)`` float. dones: ``(N, T)`` flags.
         boundary: ``"ends_at"`` or ``"starts_at"``. seed_values: optional ``(N,)`` float, S_{-1}.
 
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
+            default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path.
+
     Returns:
         sums, ``(N, T)`` in the input dtype.
 
@@ -566,4 +610,4 @@ def compute_episodic_prefix_sum(
     if boundary not in ("ends_at", "starts_at"):
         raise ValueError(f"compute_episodic_prefix_sum: boundary must be 'ends_at' or 'starts_at', got {boundary!r}")
     s = {"scale": 1.0, "starts_at": boundary == "starts_at"}
-    return _forward_trace("compute_episodic_prefix_sum", "inputs", inputs, dones, seed_values, s)
+    return _forward_trace("compute_episodic_prefix_sum", "inputs", inputs, dones, seed_values, s, plan)

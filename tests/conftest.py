@@ -54,6 +54,25 @@ def path(request):
         yield p
 
 
+# The kernel paths this machine has (the interpreter on CPU tensors, compiled kernels on CUDA), for tests of
+# kernel-path mechanisms such as launch plans, which the PyTorch path does not have.
+KERNEL_PATHS = [
+    p
+    for p in PATHS
+    if p != "torch"
+    and (rl_triton.INTERPRET if p == "interpret" else torch.cuda.is_available() and not rl_triton.INTERPRET)
+]
+
+
+@pytest.fixture(params=KERNEL_PATHS)
+def kernel_path(request):
+    """Runs the test on each kernel path of this machine (never collected where there is none)."""
+    cpu = request.param == "interpret"
+    p = Path(request.param, "triton", torch.device("cpu" if cpu else "cuda"))
+    with rl_triton.use_backend("triton"):
+        yield p
+
+
 @pytest.fixture(autouse=True)
 def _poison_empty(monkeypatch):
     """Fills floating tensors from torch.empty / empty_like / Tensor.new_empty with NaN, so any

@@ -10,28 +10,29 @@ import torch
 
 import rl_triton as R
 from rl_triton.kernels import core, launch
+from rl_triton.kernels.plans import Form, Plan, Split
 from tests._helpers import equal_results
 from tests.test_cuda_extras import captured_call
-from tests.test_multiblock import CALLS, _inputs, _matches_torch_path
+from tests.test_multiblock import CALLS, FORWARD, _inputs, _matches_torch_path
 
 FUNCTIONS = ["gae", "vtrace", "retrace", "lambda", "traces"]
 H = core.EPOCH_LINE  # one row's epoch line, then its flags
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="needs a CUDA GPU, compiled kernels")
 
 
+def _plan(fn, window=4, epochs=True):
+    """The look-back on short rows: blocks of one 32-step chunk (10 for rows of 300 steps), windows of 4."""
+    form = Form.PLAIN if fn in FORWARD else Form.GROUPS4
+    return Plan(1, 32, 4, form, Split.LOOKBACK, window=window, epochs=epochs)
+
+
 @pytest.fixture
 def buffers(monkeypatch):
-    """The policy's look-back on short rows (10 blocks of 32 steps, windows of 4); yields the list of
-    flag buffers the launches get."""
-    for name, value in [("_ONE_CHUNK_BLOCKS", True), ("_MIN_CHUNKS_FOR_SPLIT", 2), ("_MIN_CHUNKS_PER_BLOCK", 1),
-                        ("_TARGET_PROGRAMS", 4096), ("_MAX_BT", 32), ("_ONE_CHUNK_FACTOR", 1), ("_SPLIT_FACTOR", 1),
-                        ("_LOOKBACK", True), ("_BLOCK", 32), ("_LOOKBACK_WINDOW", 4)]:  # fmt: skip
-        monkeypatch.setattr(launch, name, value)
-    assert launch.scan_layout("gae", 1, 300).nk == 10
+    """Yields the list of flag buffers the look-back launches get."""
     seen, real = [], launch._lookback_flags
 
-    def record(plan, device, size):
-        seen.append(real(plan, device, size))
+    def record(built, device, size):
+        seen.append(real(built, device, size))
         return seen[-1]
 
     monkeypatch.setattr(launch, "_lookback_flags", record)
@@ -45,12 +46,11 @@ def _fresh(n, t, device, seed):
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
-def test_epoch_advances(path, buffers, fn):
+def test_epoch_advances(kernel_path, buffers, fn):
     """Each call publishes a row's flags as its epoch + 1 / + 2 and leaves the row's epoch 2 higher;
     the next call of the signature (new data) reuses the buffer as it is; another layout has its own
     buffer, whose epochs move on their own."""
-    if not path.is_kernel:
-        pytest.skip("multi-block scans are a kernel-path feature")
+    path = kernel_path
 
     def check(buf, epoch):
         buf = buf.cpu()
@@ -60,68 +60,64 @@ def test_epoch_advances(path, buffers, fn):
     # Retrace with CPU actions is never a cached signature (its range check reads them): fresh flags
     cached = not (fn == "retrace" and path.device.type == "cpu")
     for call in range(3):
-        _matches_torch_path(fn, _fresh(1, 300, path.device, call))
+        _matches_torch_path(fn, _fresh(1, 300, path.device, call), _plan(fn))
         assert buffers[-1].numel() == core.flag_buffer_size(1, 10, True)
         assert buffers[-1].data_ptr() == buffers[0].data_ptr() or not cached
         check(buffers[-1], 2 * call + 2 if cached else 2)
-    _matches_torch_path(fn, _fresh(1, 1000, path.device, 5))  # 32 blocks: another plan, another buffer
+    _matches_torch_path(fn, _fresh(1, 1000, path.device, 5), _plan(fn, 8))  # 32 blocks: another buffer
     assert buffers[-1].numel() == core.flag_buffer_size(1, 32, True) and buffers[-1][0].item() == 2
-    _matches_torch_path(fn, _fresh(1, 300, path.device, 6))
+    _matches_torch_path(fn, _fresh(1, 300, path.device, 6), _plan(fn))
     check(buffers[-1], 8 if cached else 2)
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
-def test_stale_flags_are_unpublished(path, buffers, fn):
+def test_stale_flags_are_unpublished(kernel_path, buffers, fn):
     """Flags at the highest value an earlier call can leave (the row's current epoch) do not count as
     published: every block waits for this call's own aggregates (on the GPU, reading the NaN-poisoned
     aggregate buffers early would show)."""
-    if not path.is_kernel:
-        pytest.skip("multi-block scans are a kernel-path feature")
-    _matches_torch_path(fn, _fresh(1, 300, path.device, 0))
+    device = kernel_path.device
+    _matches_torch_path(fn, _fresh(1, 300, device, 0), _plan(fn))
     buf = buffers[-1]
     for seed in (1, 2):
         buf[H:] = buf[0]
-        _matches_torch_path(fn, _fresh(1, 300, path.device, seed))
+        _matches_torch_path(fn, _fresh(1, 300, device, seed), _plan(fn))
 
 
 @pytest.mark.parametrize("fn", ["gae", "traces"])
-def test_epochs_wrap(path, buffers, fn):
+def test_epochs_wrap(kernel_path, buffers, fn):
     """The int32 epochs pass 2^31 and wrap; flags count as published by their difference from the
     epoch, so calls around the wrap are still right (flags of the previous calls left in place)."""
-    if not path.is_kernel:
-        pytest.skip("multi-block scans are a kernel-path feature")
-    _matches_torch_path(fn, _fresh(1, 300, path.device, 0))
+    device = kernel_path.device
+    _matches_torch_path(fn, _fresh(1, 300, device, 0), _plan(fn))
     buf = buffers[-1]
     buf[0] = 2**31 - 3
     buf[H:] = 2**31 - 3
     for seed in (1, 2, 3):
-        _matches_torch_path(fn, _fresh(1, 300, path.device, seed))
+        _matches_torch_path(fn, _fresh(1, 300, device, seed), _plan(fn))
     assert buffers[-1].data_ptr() == buf.data_ptr() and buf[0].item() == -(2**31) + 3  # 2^31 - 3 + 6, wrapped
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
-def test_zeroed_flags_beyond_max_blocks(path, buffers, monkeypatch, fn):
-    """Launches of more than _EPOCH_MAX_BLOCKS blocks take fresh zeroed flags (PHASE 4), no kept buffer."""
-    if not path.is_kernel:
-        pytest.skip("multi-block scans are a kernel-path feature")
-    monkeypatch.setattr(launch, "_EPOCH_MAX_BLOCKS", 9)
+def test_zeroed_flags_without_epochs(kernel_path, buffers, fn):
+    """Plans without epochs (the choice for launches of many blocks) take fresh zeroed flags (PHASE 4), no kept
+    buffer."""
     for seed in (0, 1):
-        _matches_torch_path(fn, _fresh(1, 300, path.device, seed))
+        _matches_torch_path(fn, _fresh(1, 300, kernel_path.device, seed), _plan(fn, epochs=False))
     assert buffers == []
 
 
 def test_flag_buffers_per_plan():
     """One zeroed buffer per plan and stream, reused; uncached signatures get fresh zeros each call.
-    The layouts: the row epochs in whole 128-byte lines, then the flags (kept); the flags, then PHASE 3's ticket
+    The layouts: the row epochs in whole 128-byte lines, then the flags (kept); the flags and one spare word
     (zeroed)."""
     cpu = torch.device("cpu")
     assert core.flag_buffer_size(1, 10, True) == H + 10 and core.flag_buffer_size(17, 3, True) == H + 51
     assert core.flag_buffer_size(33, 3, True) == 2 * H + 99 and core.flag_buffer_size(33, 3, False) == 100
-    plan = launch._Plan(None, cpu, [], (3, 1, 10, torch.float32), cached=True)
-    a = launch._lookback_flags(plan, cpu, 42)
+    built = launch._Launch(None, cpu, [], (3, 1, 10, torch.float32), cached=True)
+    a = launch._lookback_flags(built, cpu, 42)
     assert a.dtype == torch.int32 and a.numel() == 42 and not a.any()
-    assert launch._lookback_flags(plan, cpu, 42) is a
-    once = launch._Plan(None, cpu, [], (3, 1, 10, torch.float32), cached=False)
+    assert launch._lookback_flags(built, cpu, 42) is a
+    once = launch._Launch(None, cpu, [], (3, 1, 10, torch.float32), cached=False)
     assert launch._lookback_flags(once, cpu, 42) is not launch._lookback_flags(once, cpu, 42)
 
 

@@ -1,12 +1,11 @@
-"""CPU checks of the tuning tools' host-side logic (their measurements need a GPU): the target
-verdicts and table of benchmarks.targets, the policy override of benchmarks.tile_sweep, and the
-offline sm_90 compile of benchmarks.offline_sass."""
+"""CPU checks of the tuning tool's host-side logic (its measurements need a GPU): the target verdicts and table of
+benchmarks.targets, the plan variants of benchmarks.tune, and its offline sm_90 compile."""
 
 import pytest
 import torch
 
-from benchmarks import targets, tile_sweep
-from rl_triton.kernels import launch
+from benchmarks import targets, tune
+from rl_triton.kernels.plans import Form
 
 
 def _row(fn, n, t, dtype="float32", kernel_us=10.0, fraction=0.9, call_us=50.0, num_actions=None):
@@ -47,73 +46,49 @@ def test_targets_verdicts():
     assert table.count("\n") == len(rows) + 2 and "2.00× fp32 (copy 1.86×)" in table and "**no**" in table
 
 
-def test_tile_sweep_policy_override_restores():
-    before = launch._tiles(4096, 2048)
-    with tile_sweep.policy(_BLOCK=2048, _WARPS=8, _MAX_BT=2048):
-        assert launch._tiles(4096, 2048) == launch.Tiles(1, 2048, 8)
-        assert tile_sweep._effective("compute_gae", 4096, 2048, torch.float32)[:3] == (1, 2048, 8)
-    with tile_sweep.policy(GROUPED="off"):
-        assert tile_sweep._effective("compute_gae", 4096, 2048, torch.float32)[5] == 0
-        assert launch.retrace_tiles(4096, 2048, 4)[1] is False
-    with tile_sweep.policy(GROUPED="on"):
-        assert tile_sweep._effective("compute_gae", 4096, 8, torch.float32)[5] == 4
-    with tile_sweep.policy(GROUPED="env"):
-        assert tile_sweep._effective("compute_gae", 4096, 2048, torch.float32)[5] == -4
-    assert tile_sweep._effective("compute_gae", 1, 1 << 20, torch.float32)[1:] == (
-        4096,
-        8,
-        256,
-        1,
-        4,
-        True,
-        256,
-        None,
-    )  # look-back (a small launch: 4096-step blocks, one window, no register cap)
-    assert tile_sweep._effective("compute_retrace", 1, 1 << 20, torch.float32)[6] is True
-    assert tile_sweep._effective("compute_eligibility_traces", 1, 1 << 20, torch.float32)[6] is False  # two passes
-    with tile_sweep.policy(_LOOKBACK=False, _SPLIT_FACTOR=1):
-        assert tile_sweep._effective("compute_gae", 1, 1 << 20, torch.float32)[1:] == (
-            1024,
-            4,
-            1024,
-            1,
-            4,
-            False,
-            1,
-            None,
-        )
-    assert launch._tiles(4096, 2048) == before
-    f32, bf16 = torch.float32, torch.bfloat16
-    assert [launch._group(launch._tiles(4096, t), f32) for t in (8, 16, 2048)] == [-4, 4, 4]
-    assert [launch._group(launch._tiles(4096, t), bf16) for t in (8, 128, 2048)] == [-4, 4, 8]
-    assert len(tile_sweep._grid({"a": (1, 2), "b": (3, 4, 5)})) == 6
+def test_tune_varies_plan_fields():
+    """benchmarks.tune parses --vary into typed Plan fields and lists the chosen plan first."""
+    base = tune.chosen_plan("compute_gae", 4096, 2048, torch.float32, False)
+    vary = tune.parse_vary(["warps=8,4", "form=plain,groups4", "maxnreg=0,48", "exact_t=1"])
+    assert vary["form"] == [Form.PLAIN, Form.GROUPS4] and vary["maxnreg"] == [None, 48] and vary["exact_t"] == [True]
+    found = tune.variants(base, vary)
+    assert found[0] == base and len(found) == 8 and len(set(found)) == 8
+    with pytest.raises(SystemExit, match="FIELD"):
+        tune.parse_vary(["blocks=3"])
 
 
-def test_offline_sass_compiles_the_launch_plan_for_sm90(monkeypatch):
-    """benchmarks.offline_sass compiles the launches of a public call for sm_90 without a GPU (a child
-    process: the suite may run under TRITON_INTERPRET=1, whose kernels do not compile), with the
-    launcher's register cap (GAE's 512-step programs: launch._SINGLE_CAPS) reaching ptxas."""
+def _offline(*argv):
+    """benchmarks.tune --offline in a child process (the suite may run under TRITON_INTERPRET=1, whose kernels
+    do not compile)."""
     import json
     import os
     import subprocess
     import sys
 
-    from benchmarks import offline_sass
-
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "benchmarks.offline_sass", "gae", "64x512", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    cmd = [sys.executable, "-m", "benchmarks.tune", *argv, "--offline", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0 and "ptxas" in proc.stderr:
         pytest.skip(f"no working ptxas: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = json.loads(proc.stdout)
-    assert row["kernel"] == "gae_kernel" and row["grid"] == [32, 1] and row["warps"] == 4
-    assert row["constexprs"]["BT"] == 512 and row["constexprs"]["maxnreg"] == 48
-    assert 0 < row["registers"] <= 48 and row["stack_bytes"] == 0
-    assert row["programs_per_sm"] == 65536 // (-(-row["registers"] // 8) * 8 * 128)
-    assert row["sass_instructions"] > 100 and sum(row["top_opcodes"].values()) <= row["sass_instructions"]
+    return json.loads(proc.stdout)
+
+
+def test_tune_compiles_plans_for_sm90(monkeypatch):
+    """benchmarks.tune --offline compiles the launches of a call's plan and its variants for sm_90 without a GPU,
+    the plan's register cap (GAE's 512-step programs) reaching ptxas, and reports plans the kernels cannot run."""
+    rows = _offline("gae", "64x512", "--vary", "maxnreg=48,0", "form=groups4,env_groups")
+    chosen, bad, uncapped, _ = rows  # the chosen plan first, then the product in order
+    assert chosen["chosen"] and chosen["plan"]["maxnreg"] == 48 and uncapped["plan"]["maxnreg"] is None
+    (launch,) = chosen["launches"]
+    assert launch["kernel"] == "gae_kernel" and launch["grid"] == [32, 1] and launch["warps"] == 4
+    assert launch["constexprs"]["BT"] == 512 and launch["constexprs"]["maxnreg"] == 48
+    assert 0 < launch["registers"] <= 48 and launch["stack_bytes"] == 0
+    assert launch["programs_per_sm"] == 65536 // (-(-launch["registers"] // 8) * 8 * 128)
+    assert launch["sass_instructions"] > 100 and sum(launch["top_opcodes"].values()) <= launch["sass_instructions"]
+    assert "env-major groups" in bad["skipped"]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"), offline_sass.recorded_launches():
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"), tune.recorded_launches():
         pass
 
 
@@ -129,22 +104,9 @@ def test_time_major_launches_compile_for_sm90():
     tiles, the forward scans' plain tiles, the two-pass split, the look-back over blocks of envs. The
     interpreter runs the kernels as Python, so it cannot catch what only Triton's compiler rejects (such as a
     constexpr branch returning tiles of another shape)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = (
-        "import json, torch\nfrom benchmarks import offline_sass\n"
-        f"rows = [r for fn, n, t in {_TM_COMPILES!r} for r in offline_sass.report(fn, n, t, torch.float32, "
-        "time_major=True)]\nprint(json.dumps(rows))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0 and "ptxas" in proc.stderr:
-        pytest.skip(f"no working ptxas: {proc.stderr[-300:]}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = json.loads(proc.stdout)
-    assert all(r["constexprs"]["TM"] >= 1 and r["registers"] > 0 and r["stack_bytes"] == 0 for r in rows)
-    assert {r["constexprs"].get("GROUPED") for r in rows} >= {4, -4, None}  # None: the forward kernel's plain tiles
-    assert {r["constexprs"]["PHASE"] for r in rows} == {0, 1, 2, 5}  # the two-pass split, the look-back
+    launches = [
+        r for fn, n, t in _TM_COMPILES for row in _offline(fn, f"{n}x{t}", "--time-major") for r in row["launches"]
+    ]
+    assert all(r["constexprs"]["TM"] >= 1 and r["registers"] > 0 and r["stack_bytes"] == 0 for r in launches)
+    assert {r["constexprs"].get("GROUPED") for r in launches} >= {4, -4, None}  # None: the forward kernel's tiles
+    assert {r["constexprs"]["PHASE"] for r in launches} == {0, 1, 2, 5}  # the two-pass split, the look-back

@@ -1,0 +1,296 @@
+"""The tuning tool: time or compile variants of a call's launch plan.
+
+It takes the plan :func:`rl_triton.kernels.plans.choose` picks for one benchmark call, varies fields of it, and
+for each variant either times the call on the GPU (``triton.testing.do_bench`` median of a CUDA-graph replay, L2
+flushed, next to a device-to-device copy of the same bytes timed in the same run) after checking its outputs
+against the chosen plan's, or (``--offline``, no GPU needed) compiles its launches for sm_90 with the ptxas that
+ships with Triton and reports registers, spills, programs per SM and SASS instructions. A decision the results
+support becomes an entry of ``kernels/plans.py`` and one line of ``docs/performance.md``.
+
+Usage::
+
+    python -m benchmarks.tune gae 4096x2048 --vary warps=4,8 maxnreg=0,48,64
+    python -m benchmarks.tune retrace 1048576x8 --dtype bfloat16 --vary exact_t=0,1 shift=0,1 --offline
+    python -m benchmarks.tune vtrace 16x1048576 --vary window=64,128,256 --json --out sweep.json
+
+Fields take ints, 0/1 for flags, and names for ``form`` (PLAIN, GROUPS4, GROUPS8, ENV_GROUPS, DESCENDING) and
+``split`` (SINGLE, TWO_PASS, LOOKBACK); ``maxnreg=0`` means no cap. A variant the kernels cannot run is reported
+with the reason and skipped. ``--dump PREFIX`` (offline) writes the .sass, .ptx and .ttgir of every launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+
+from rl_triton.kernels import plans
+from rl_triton.kernels.plans import Form, Plan, Split
+
+from . import specs, timing
+
+try:
+    from tqdm import tqdm
+except ImportError:  # tqdm is a dev dependency: run without a bar if it is missing
+
+    def tqdm(items, **_kw):
+        return items
+
+
+# The kernel kind of each benchmark spec's primary call.
+KINDS = {
+    "compute_gae": "gae", "compute_vtrace": "vtrace", "compute_retrace": "retrace",
+    "compute_discounted_returns": "returns", "compute_lambda_returns": "returns_nv",
+    "compute_eligibility_traces": "forward", "compute_episodic_prefix_sum": "forward",
+}  # fmt: skip
+
+TARGET_ARCH = 90
+# sm_90 per SM: registers, threads, resident programs, shared memory
+SM_REGISTERS, SM_THREADS, SM_PROGRAMS, SM_SHARED = 65536, 2048, 32, 228 * 1024
+
+
+def parse_vary(items: list[str]) -> dict[str, list]:
+    """``["warps=4,8", "form=GROUPS4,PLAIN"]`` -> {field: values}, typed like the Plan's fields."""
+    fields = {f.name for f in dataclasses.fields(Plan)}
+    out = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        if name not in fields or not values:
+            raise SystemExit(f"--vary: expected FIELD=V1,V2,... with FIELD one of {sorted(fields)}, got {item!r}")
+        out[name] = [_value(name, v) for v in values.split(",")]
+    return out
+
+
+def _value(name: str, text: str):
+    if name == "form":
+        return Form[text.upper()]
+    if name == "split":
+        return Split[text.upper()]
+    if name in ("epochs", "exact_t", "whole", "pieces", "shift", "pi_tile"):
+        return bool(int(text))
+    if name == "maxnreg":
+        return int(text) or None
+    return int(text)
+
+
+def variants(base: Plan, vary: dict[str, list]) -> list[Plan]:
+    """``base`` with every combination of the varied fields (the base itself first when it is among them)."""
+    names = list(vary)
+    found = [
+        dataclasses.replace(base, **dict(zip(names, values, strict=True)))
+        for values in itertools.product(*vary.values())
+    ]
+    return sorted(set(found), key=lambda p: (p != base, found.index(p)))
+
+
+def chosen_plan(fn: str, n: int, t: int, dtype: torch.dtype, time_major: bool) -> Plan:
+    return plans.choose(KINDS[fn], n, t, dtype, time_major=time_major, num_actions=specs.NUM_ACTIONS)
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """Inside: calls on CPU tensors take the kernel path and record their launches instead of running them.
+    Yields the list of (kernel, grid, args, constexprs and options, warps)."""
+    from rl_triton import _config
+    from rl_triton.kernels import launch
+
+    if _config.INTERPRET or os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("tune --offline: run without TRITON_INTERPRET=1 (the interpreter has no compiled kernels)")
+    rec = []
+
+    def record(built, i, args):
+        grid, constexprs, warps = built.launches[i]
+        rec.append((built.kernel, grid, args, dict(constexprs), warps))
+
+    saved = launch._launch, _config.INTERPRET
+    launch._launch, _config.INTERPRET = record, True
+    try:
+        yield rec
+    finally:
+        launch._launch, _config.INTERPRET = saved
+
+
+def compile_sm90(kernel, args, options: dict, warps: int):
+    """Triton's CompiledKernel of ``kernel`` for sm_90, specialised on ``args`` as Triton's launcher would be."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import compile as triton_compile
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", TARGET_ARCH, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, opts = binder(*args, **dict(options, num_warps=warps, debug=False))
+    opts, signature, constexprs, attrs = kernel._pack_args(
+        backend, dict(options, num_warps=warps), bound, specialization, opts
+    )
+    return triton_compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=opts.__dict__)
+
+
+def sass_and_resources(cubin: bytes) -> tuple[str, dict]:
+    """(SASS text, {REG, STACK, SHARED, ...}) of a cubin, from the cuobjdump Triton ships."""
+    from triton import knobs
+
+    cuobjdump = knobs.nvidia.cuobjdump.path
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    return sass, {k: int(v) for k, v in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", res)}
+
+
+def opcode_counts(sass: str) -> collections.Counter:
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return ops
+
+
+def programs_per_sm(registers: int, warps: int, shared: int) -> int:
+    threads = 32 * warps
+    by_regs = SM_REGISTERS // (max(8, -(-registers // 8) * 8) * threads)
+    by_shared = SM_SHARED // shared if shared else SM_PROGRAMS
+    return min(by_regs, SM_THREADS // threads, SM_PROGRAMS, by_shared)
+
+
+_SHOWN = ("BN", "BT", "GROUPED", "PHASE", "ONE", "NKP", "EXACT_T", "TDIV", "TM", "WHOLE", "maxnreg")
+
+
+def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> list[dict]:
+    """One row per launch of ``fn``'s primary call under ``plan``, compiled for sm_90."""
+    spec = specs.SPECS[fn]
+    with recorded_launches() as rec, torch.no_grad():
+        spec.primary(x, plan)
+    rows = []
+    for i, (kernel, grid, args, options, warps) in enumerate(rec):
+        ck = compile_sm90(kernel, args, options, warps)
+        sass, usage = sass_and_resources(ck.asm["cubin"])
+        ops = opcode_counts(sass)
+        instructions = sum(ops.values())
+        elements = options.get("BN", 1) * options.get("BT", 1)
+        shown = {k: v if isinstance(v, (int, bool, type(None))) else str(v) for k, v in options.items() if k in _SHOWN}
+        rows.append({
+            "launch": i, "kernel": kernel.fn.__name__, "grid": list(grid), "warps": warps, "constexprs": shown,
+            "registers": usage.get("REG"), "stack_bytes": usage.get("STACK"), "shared_bytes": usage.get("SHARED"),
+            "programs_per_sm": programs_per_sm(usage.get("REG", 0), warps, usage.get("SHARED", 0)),
+            "sass_instructions": instructions,
+            "instructions_per_element": round(instructions * 32 * warps / elements, 1),
+            "top_opcodes": dict(ops.most_common(12)),
+        })  # fmt: skip
+        if dump:
+            stem = dump if len(rec) == 1 else f"{dump}.{i}"
+            for ext, text in ((".sass", sass), (".ptx", ck.asm["ptx"]), (".ttgir", ck.asm["ttgir"])):
+                with open(stem + ext, "w") as f:
+                    f.write(text)
+    return rows
+
+
+def _rel_diff(got, ref) -> float:
+    worst = 0.0
+    for g, r in zip(got, ref, strict=True):
+        g, r = g.double(), r.double()
+        worst = max(worst, ((g - r).abs().max() / r.pow(2).mean().sqrt().clamp_min(1e-30)).item())
+    return worst
+
+
+def timed(fn: str, x: specs.Inputs, plan: Plan, base_out, budget: timing.Budget, copy_gbps: float) -> dict:
+    """Kernel time of ``fn`` under ``plan`` on the GPU, its outputs' difference from the chosen plan's."""
+    from rl_triton.kernels import launch
+
+    spec = specs.SPECS[fn]
+    out = spec.primary(x, plan)
+    us = timing.kernel_us(lambda: spec.primary(x, plan), x.device, budget, graph=True)
+    nbytes = spec.nbytes(x)
+    regs = {}
+    for (kernel, warps, constexprs), ck in launch.COMPILED.items():
+        if dict(constexprs).get("BT") == plan.bt and warps == plan.warps:
+            regs[kernel.fn.__name__] = (ck.n_regs, ck.n_spills)
+    return {
+        "kernel_us": round(us, 2), "fraction_of_copy": round(nbytes / (us * 1e3) / copy_gbps, 3),
+        "rel_diff": _rel_diff(out, base_out), "bits_equal": all(map(torch.equal, out, base_out)),
+        "registers_spills": regs,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("function", help="a benchmark spec name: compute_gae, gae, vtrace, ...")
+    ap.add_argument("shape", help="NxT")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
+    ap.add_argument("--actions", type=int, default=specs.NUM_ACTIONS, help="Retrace's number of actions")
+    ap.add_argument("--time-major", action="store_true", help="inputs as x.T views of [T, N] tensors")
+    ap.add_argument("--vary", nargs="*", default=[], metavar="FIELD=V1,V2", help="plan fields to vary")
+    ap.add_argument("--offline", action="store_true", help="compile for sm_90 instead of timing (no GPU needed)")
+    ap.add_argument("--dump", default=None, help="--offline: write PREFIX.sass, .ptx and .ttgir")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--out", default=None, help="also write the rows to this JSON file")
+    a = ap.parse_args(argv)
+    specs.NUM_ACTIONS = a.actions
+    fn = specs.resolve(a.function)[0]
+    n, t = (int(v) for v in a.shape.lower().split("x"))
+    dtype = getattr(torch, a.dtype)
+    base = chosen_plan(fn, n, t, dtype, a.time_major)
+    todo = variants(base, parse_vary(a.vary))
+    device = torch.device("cpu" if a.offline else "cuda")
+    x = specs.Inputs(n, t, dtype, device, a.time_major)
+    from rl_triton.kernels import launch
+
+    rows = []
+    if not a.offline:
+        budget = timing.QUICK
+        copy = timing.copy_gbps(specs.SPECS[fn].nbytes(x), device, budget)
+        base_out = specs.SPECS[fn].primary(x)
+    for plan in tqdm(todo, desc=f"{fn} {n}x{t}", unit="plan"):
+        fields = {k: (v.name if isinstance(v, (Form, Split)) else v) for k, v in dataclasses.asdict(plan).items()}
+        row = {"function": fn, "num_envs": n, "seq_len": t, "dtype": a.dtype, "chosen": plan == base, "plan": fields}
+        try:
+            launch.check_plan(plan, KINDS[fn], t, a.time_major)
+            if a.offline:
+                row["launches"] = offline(fn, x, plan, a.dump)
+            else:
+                row.update(timed(fn, x, plan, base_out, budget, copy))
+        except ValueError as e:
+            row["skipped"] = str(e)
+        rows.append(row)
+    text = json.dumps(rows, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    if a.json:
+        print(text)
+    else:
+        for row in rows:
+            print(_summary(row))
+    return rows
+
+
+def _summary(row: dict) -> str:
+    p = row["plan"]
+    head = f"{'*' if row['chosen'] else ' '} bn={p['bn']} bt={p['bt']} warps={p['warps']} {p['form']} {p['split']}"
+    head += "".join(f" {k}={p[k]}" for k in ("window", "maxnreg", "exact_t", "whole", "shift", "pi_tile") if p[k])
+    if "skipped" in row:
+        return f"{head}: skipped ({row['skipped']})"
+    if "launches" in row:
+        return head + "".join(
+            f"\n    {r['kernel']} grid {r['grid']}: {r['registers']} regs, {r['stack_bytes']} stack, "
+            f"{r['programs_per_sm']}/SM, {r['sass_instructions']} SASS" for r in row["launches"]
+        )  # fmt: skip
+    return f"{head}: {row['kernel_us']} us, {row['fraction_of_copy']} of copy, rel diff {row['rel_diff']:.1e}"
+
+
+if __name__ == "__main__":
+    main()

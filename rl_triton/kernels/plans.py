@@ -1,0 +1,361 @@
+"""Launch plans: how a fused kernel covers the (N, T) rows of one call, as data.
+
+A :class:`Plan` is a small frozen description of one launch configuration: the tile (envs per program,
+steps per chunk, warps), its form, how rows of many chunks are split into time blocks, and a few
+specialisations the compiler can use. :func:`choose` picks the plan of a call from its kernel kind,
+shape and dtype; the launcher (:mod:`.launch`) turns a plan into grids and constexprs. Tests and the
+tuning tool pass their own plans to the public functions (``plan=``) instead of changing any setting.
+
+Every table entry below is a measured choice on an NVIDIA H200; ``docs/performance.md`` lists the
+evidence, one line per decision. This module imports no Triton, so validation can consult it cheaply.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+import torch
+
+
+class Form(enum.IntEnum):
+    """Tile form of a chunk (``kernels/core.py``); the value is the kernels' GROUPED constexpr."""
+
+    PLAIN = 0  # [BN, BT], time ascending; one associative scan along it
+    GROUPS4 = 4  # [G, BN, 4]: groups of 4 steps in registers, a forward scan across groups
+    GROUPS8 = 8  # [G, BN, 8]: the same with 8-step groups (16-byte loads of 2-byte floats)
+    ENV_GROUPS = -4  # [BN, G, 4]: a thread holds a whole short row (chunks of <= 8 steps)
+    DESCENDING = -1  # [BN, BT], time descending: a reverse recurrence as a forward scan
+
+
+class Split(enum.Enum):
+    """How a row of several chunks is covered."""
+
+    SINGLE = "single"  # one program walks the whole row
+    TWO_PASS = "two_pass"  # blocks store aggregates, then rescan from the folded prefix (inputs read twice)
+    LOOKBACK = "lookback"  # one chunk per block, prefixes from a deterministic look-back (inputs read once)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch configuration of a fused scan kernel."""
+
+    bn: int  # envs per program
+    bt: int  # steps per chunk
+    warps: int
+    form: Form = Form.PLAIN
+    split: Split = Split.SINGLE
+    chunks_per_block: int = 1  # TWO_PASS: chunks per time block
+    window: int = 1  # LOOKBACK: blocks per window (core.lookback)
+    epochs: bool = True  # LOOKBACK: flags tagged by epoch and kept between calls, instead of zeroed per call
+    maxnreg: int | None = None  # register cap (Triton's maxnreg)
+    exact_t: bool = False  # T == BT: the row length is a constexpr, so every mask of the chunk folds away
+    whole: bool = False  # T is a multiple of BT: no time mask
+    row_div: int = 1  # T is a multiple of this (lets Triton prove 4- and 8-step rows aligned)
+    env_div: int = 1  # time-major rows: N is a multiple of this (vector loads along the envs)
+    pieces: bool = False  # Retrace: one action tile per binary digit of A instead of one padded tile
+    shift: bool = False  # Retrace, exact env-major rows: c_{t+1} and q_{t+1} shifted in registers
+    pi_tile: bool = False  # Retrace, exact env-major rows: pi(a_t | s_t) picked out of the weights tile
+
+
+KINDS = ("gae", "vtrace", "returns", "returns_nv", "forward", "retrace")
+
+MAX_BT = 1024  # longest walked chunk
+BLOCK = 1024  # elements per program of packed short rows
+MAX_BLOCKS = 1024  # two-pass blocks per row (PHASE 2 folds their aggregates in registers)
+TARGET_PROGRAMS = 1024  # split rows into time blocks when the env blocks give fewer than half this
+MIN_CHUNKS_FOR_SPLIT = 4
+EPOCH_MAX_BLOCKS = 4096  # look-back launches up to this many blocks keep epoch-tagged flags
+ENV_GROUPS_MAX_BT = 8
+
+# Rows of one chunk longer than MAX_BT: (longest such row in MAX_BTs, elements per thread, most warps).
+_ONE_CHUNK = {
+    "gae": (2, 16, 8),
+    "vtrace": (4, 8, 16),
+    "returns": (4, 16, 8),
+    "returns_nv": (4, 8, 8),
+    "forward": (4, 16, 8),
+}
+_ONE_CHUNK_16BIT = {"gae": (4, 16, 8)}
+# Kinds whose one-chunk rows of 1024-4096 steps take exact_t (V-trace rounds differently and runs slower).
+_EXACT_ONE_CHUNK = ("gae", "returns", "returns_nv")
+# Rows of exactly 8 steps: a whole row per thread (4 warps) for these kinds and for 2-byte floats.
+_ROW_PER_THREAD = ("vtrace",)
+# Single-pass rows of several whole chunks that drop the time mask, by kind: element sizes.
+_WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
+# Register caps of single-pass programs of one chunk per row: kind -> {(bt, warps): cap}.
+_SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}}
+_RETRACE_SINGLE_CAP = 64
+
+# Time-block splits per kind: (block length in walked chunks, look-back, window, warps, register cap).
+_SPLIT = {
+    "gae": (2, True, 64, None, 72),
+    "vtrace": (1, True, 256, None, 80),
+    "returns": (2, True, 128, None, 64),
+    "returns_nv": (2, True, 64, 4, 80),
+    "forward": (2, True, 256, None, 72),
+    "retrace": (1, True, 256, None, 128),
+}
+# Launches of fewer blocks than _SMALL[kind] are latency-bound and take _SPLIT_SMALL[kind] instead.
+_SMALL = {"gae": 2048, "returns": 2048, "returns_nv": 2048, "forward": 4096}
+_SPLIT_SMALL = {
+    "gae": (4, True, 512, None, None),
+    "returns": (2, True, 128, None, None),
+    "returns_nv": (2, True, 256, 4, None),
+    "forward": (1, False, 256, None, None),
+}
+
+# Retrace: [N, T, A] tiles keep their size as A grows (programs of BLOCK * scale / AP steps).
+_RETRACE_ACTIONS = 4  # scale for up to _RETRACE_GROUPED_MAX_AP padded actions
+_RETRACE_MANY_ACTIONS = 8  # scale beyond
+_RETRACE_MIN_BLOCK = 128
+_RETRACE_GROUPED_MAX_AP = 8
+_RETRACE_PIECES_MIN_AP = 16
+
+# Time-major rows: programs of blocks of envs walking time in short chunks.
+_TM_MIN_ENVS = 32  # whole 128-byte lines of float32 per step
+_TM_BT = 64
+_TM_BLOCK = 2048
+_TM_WARPS = 4
+_TM_RETRACE_BLOCK = 1024
+_TM_RETRACE_WARPS = 8
+_TM_WINDOW = 16
+_TM_MAX_SPLIT = 128  # two-pass splits up to this many blocks are read in place
+_TM_MAX_LOOKBACK = 2048  # look-back rows up to this many blocks are read in place
+_TM_ENV_DIV = {"returns": 1, "forward": 1}  # vector loads along the envs lost for these (8 otherwise)
+_TM_ENV_DIV_LOOKBACK = {"forward": 1}
+_TM_LOOKBACK_MIN_SPLIT = {"returns": {4: 64, 2: 64}, "vtrace": {2: 64}}  # kind -> element size -> blocks
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pow2(x: int) -> int:
+    """The smallest power of two >= x (1 for x <= 1)."""
+    return 1 << (x - 1).bit_length() if x > 1 else 1
+
+
+def _is_f32(dtype: torch.dtype | None) -> bool:
+    return dtype is None or dtype == torch.float32
+
+
+def tile(n: int, t: int, block: int = BLOCK) -> Plan:
+    """Walked tiles: rows up to MAX_BT steps are one chunk, short rows packed block // BT to a program."""
+    bt = min(MAX_BT, block, max(4, pow2(max(t, 1))))
+    bn = max(1, min(block // bt, pow2(max(n, 1))))
+    return Plan(bn, bt, 4 if bt >= 512 else 8)
+
+
+def _chunk_warps(kind: str, bt: int, dtype: torch.dtype | None) -> int:
+    """Warps of a one-env program of ``bt`` steps: the kind's elements per thread, 4 to its cap."""
+    _, per_thread, max_warps = _one_chunk(kind, dtype)
+    return min(max_warps, max(4, bt // (32 * per_thread)))
+
+
+def _one_chunk(kind: str, dtype: torch.dtype | None) -> tuple:
+    if dtype is not None and dtype.itemsize == 2 and kind in _ONE_CHUNK_16BIT:
+        return _ONE_CHUNK_16BIT[kind]
+    return _ONE_CHUNK[kind]
+
+
+def _time_blocks(env_programs: int, n_chunks: int) -> tuple[int, int]:
+    """(time blocks, chunks per block) of rows of ``n_chunks`` chunks: enough blocks to fill the GPU."""
+    if env_programs * 2 >= TARGET_PROGRAMS or n_chunks < MIN_CHUNKS_FOR_SPLIT:
+        return 1, n_chunks
+    nk = min(cdiv(TARGET_PROGRAMS, env_programs), n_chunks, MAX_BLOCKS)
+    cpb = cdiv(n_chunks, nk)
+    return cdiv(n_chunks, cpb), cpb
+
+
+def _window(n_chunks: int, window: int) -> int:
+    """The look-back window: at most the blocks (as a power of 2), doubled until ``window`` windows cover the row."""
+    window = min(pow2(n_chunks), window)
+    while window * window < n_chunks:
+        window *= 2
+    return window
+
+
+def _split(n: int, t: int, base: Plan, kind: str, dtype: torch.dtype | None, block_warps: bool = True) -> Plan:
+    """``base`` with the time-block split that rows of ``t`` steps need. ``block_warps``: one-env blocks take
+    the warps of their length (else they keep the base's)."""
+    n_chunks = cdiv(t, base.bt)
+    nk, _ = _time_blocks(cdiv(n, base.bn), n_chunks)
+    if nk == 1:
+        return base
+    policy = _SPLIT[kind]
+    if n * cdiv(t, base.bt * policy[0]) < _SMALL.get(kind, 0):
+        policy = _SPLIT_SMALL[kind]
+    factor, lookback, window, warps, maxnreg = policy
+    if block_warps and (factor > 1 or base.bn == 1):
+        bt = base.bt * factor
+        if warps is None or factor == 1:
+            warps = 4 if kind == "retrace" else _chunk_warps(kind, bt, dtype)
+        base = Plan(1, bt, warps)
+        n_chunks = cdiv(t, bt)
+        if n_chunks == 1:
+            return base
+    if lookback and base.bn == 1:
+        blocks = cdiv(n, base.bn) * n_chunks
+        return replace(
+            base, split=Split.LOOKBACK, window=_window(n_chunks, window), epochs=blocks <= EPOCH_MAX_BLOCKS,
+            maxnreg=maxnreg if _is_f32(dtype) else None,
+        )  # fmt: skip
+    return replace(base, split=Split.TWO_PASS, chunks_per_block=cdiv(n_chunks, MAX_BLOCKS))
+
+
+def _chunks(plan: Plan, t: int) -> int:
+    return cdiv(t, plan.bt)
+
+
+def _one_chunk_rows(plan: Plan, t: int) -> bool:
+    """Single pass, one chunk per row."""
+    return plan.split is Split.SINGLE and _chunks(plan, t) == 1
+
+
+def _whole(kind: str, plan: Plan, t: int, dtype: torch.dtype) -> bool:
+    walked = plan.split is Split.SINGLE and _chunks(plan, t) > 1 and plan.bn == 1 and t % plan.bt == 0
+    return walked and dtype.itemsize in _WHOLE.get(kind, ())
+
+
+def _grouped_form(plan: Plan, dtype: torch.dtype) -> Form:
+    """Group-major groups: of 8 steps for 2-byte floats when every thread holds a whole group, else 4."""
+    per_thread = plan.bn * plan.bt // (32 * plan.warps)
+    if dtype.itemsize == 2 and plan.bt >= 8 and per_thread >= 8:
+        return Form.GROUPS8
+    return Form.GROUPS4
+
+
+def _row_div(t: int) -> int:
+    if t % 16 == 0:
+        return 1
+    return 8 if t % 8 == 0 else 4 if t % 4 == 0 else 1
+
+
+def _env_div(n: int, kind: str, lookback: bool) -> int:
+    d = (_TM_ENV_DIV_LOOKBACK if lookback else _TM_ENV_DIV).get(kind, 8)
+    while n % d:
+        d //= 2
+    return d
+
+
+def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
+    """Env-major rows of GAE, V-trace, the returns and the forward scans."""
+    factor = _one_chunk(kind, dtype)[0]
+    bt = max(4, pow2(max(t, 1)))
+    if MAX_BT < bt <= factor * MAX_BT:
+        base = Plan(1, bt, _chunk_warps(kind, bt, dtype))
+    else:
+        base = tile(n, t)
+    plan = _split(n, t, base, kind, dtype)
+    if _one_chunk_rows(plan, t) and (_is_f32(dtype) or dtype.itemsize == 2):
+        plan = replace(plan, maxnreg=_SINGLE_CAPS.get(kind, {}).get((plan.bt, plan.warps)))
+    form = Form.ENV_GROUPS if plan.bt <= ENV_GROUPS_MAX_BT else _grouped_form(plan, dtype)
+    if form is Form.ENV_GROUPS and plan.split is Split.SINGLE and t == plan.bt:
+        # exact rows of 4 or 8 steps; rows of 8 a whole row per thread where that measured faster
+        per_thread = t == 8 and (kind in _ROW_PER_THREAD or dtype.itemsize == 2)
+        base = tile(n, t)
+        if per_thread:
+            base = replace(base, warps=4)
+        if base != Plan(plan.bn, plan.bt, plan.warps):
+            plan = _split(n, t, base, kind, dtype, block_warps=False)
+        plan = replace(plan, form=form, exact_t=True)
+    else:
+        exact = _one_chunk_rows(plan, t) and plan.bn == 1 and t == plan.bt > ENV_GROUPS_MAX_BT
+        exact = exact and kind in _EXACT_ONE_CHUNK
+        plan = replace(plan, form=form, exact_t=exact, whole=_whole(kind, plan, t, dtype), row_div=_row_div(t))
+    if kind == "forward":  # the forward scans: plain tiles, no exact rows
+        return replace(plan, form=Form.PLAIN, exact_t=False, row_div=_row_div(t))
+    return plan if not plan.exact_t else replace(plan, row_div=1)
+
+
+def _retrace(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Plan:
+    """Env-major rows of Retrace."""
+    ap = pow2(num_actions)
+    few = ap <= _RETRACE_GROUPED_MAX_AP
+    scale = _RETRACE_ACTIONS if few else _RETRACE_MANY_ACTIONS
+    base = replace(tile(n, t, block=max(_RETRACE_MIN_BLOCK, BLOCK * scale // ap)), warps=8)
+    pieces = ap >= _RETRACE_PIECES_MIN_AP
+    plan = replace(_split(n, t, base, "retrace", dtype), pieces=pieces)
+    if few and base.bt >= 16:
+        form = _grouped_form(base, dtype)
+    elif few and base.bt <= ENV_GROUPS_MAX_BT:
+        form = Form.ENV_GROUPS
+    else:
+        form = Form.PLAIN
+    if form is not Form.ENV_GROUPS:
+        single = plan.split is Split.SINGLE
+        if (
+            single and (_is_f32(dtype) or dtype.itemsize == 2) and ap == _RETRACE_ACTIONS and plan.warps == 8
+            and plan.bn * plan.bt == 1024 and (_chunks(plan, t) > 1 or (dtype.itemsize == 2 and plan.bt == 512))
+        ):  # fmt: skip
+            plan = replace(plan, maxnreg=_RETRACE_SINGLE_CAP)
+        whole = form is not Form.PLAIN and _whole("retrace", plan, t, dtype)
+        return replace(plan, form=form, whole=whole, row_div=_row_div(t))
+    exact = t == plan.bt and plan.split is Split.SINGLE
+    return replace(
+        plan, form=form, exact_t=exact, shift=exact, pi_tile=exact and not pieces, row_div=1 if exact else _row_div(t)
+    )
+
+
+def _time_major(kind: str, n: int, t: int, dtype: torch.dtype | None, block: int = 0, warps: int = 0) -> Plan:
+    """Time-major rows: blocks of envs walking short chunks; splits take the look-back over blocks of envs
+    (not float64: its aggregates do not fit a tagged word) where it measured faster."""
+    block = block or _TM_BLOCK
+    bt = min(_TM_BT, max(4, pow2(t)), max(4, block // _TM_MIN_ENVS))
+    bn = min(max(_TM_MIN_ENVS, block // bt), max(_TM_MIN_ENVS, pow2(n)))
+    if kind == "forward":
+        form = Form.PLAIN
+    else:
+        form = Form.ENV_GROUPS if bt <= ENV_GROUPS_MAX_BT else Form.GROUPS4
+    plan = Plan(bn, bt, warps or _TM_WARPS, form)
+    n_chunks = cdiv(t, bt)
+    nk, cpb = _time_blocks(cdiv(n, bn), n_chunks)
+    if nk == 1:
+        return plan
+    min_split = _TM_LOOKBACK_MIN_SPLIT.get(kind, {}).get(dtype.itemsize, 0) if dtype is not None else 0
+    if dtype is not None and dtype != torch.float64 and nk >= min_split:
+        blocks = cdiv(n, bn) * n_chunks
+        return replace(
+            plan, split=Split.LOOKBACK, window=_window(n_chunks, _TM_WINDOW), epochs=blocks <= EPOCH_MAX_BLOCKS
+        )
+    return replace(plan, split=Split.TWO_PASS, chunks_per_block=cpb)
+
+
+def _retrace_time_major(n: int, t: int, num_actions: int, dtype: torch.dtype | None) -> Plan:
+    ap = pow2(num_actions)
+    few = ap <= _RETRACE_GROUPED_MAX_AP
+    scale = _RETRACE_ACTIONS if few else _RETRACE_MANY_ACTIONS
+    block = max(_RETRACE_MIN_BLOCK, _TM_RETRACE_BLOCK * scale // max(ap, _RETRACE_ACTIONS))
+    plan = _time_major("retrace", n, t, dtype, block, _TM_RETRACE_WARPS)
+    form = Form.ENV_GROUPS if few and plan.form is Form.ENV_GROUPS else Form.DESCENDING
+    return replace(plan, form=form, pieces=ap >= _RETRACE_PIECES_MIN_AP)
+
+
+def choose(kind: str, n: int, t: int, dtype: torch.dtype, *, time_major: bool = False, num_actions: int = 0) -> Plan:
+    """The plan of a call of fused kernel ``kind`` (one of :data:`KINDS`) on ``n`` rows of ``t`` steps of
+    ``dtype`` (``time_major``: rows read from a (T, N) buffer; ``num_actions``: Retrace's A)."""
+    if kind not in KINDS:
+        raise ValueError(f"choose: kind must be one of {KINDS}, got {kind!r}")
+    if time_major:
+        if kind == "retrace":
+            plan = _retrace_time_major(n, t, num_actions, dtype)
+        else:
+            plan = _time_major(kind, n, t, dtype)
+        return replace(plan, env_div=_env_div(n, kind, plan.split is Split.LOOKBACK))
+    if kind == "retrace":
+        return _retrace(n, t, num_actions, dtype)
+    return _scan(kind, n, t, dtype)
+
+
+def reads_time_major_in_place(n: int, t: int, num_actions: int = 0, dtype: torch.dtype | None = None) -> bool:
+    """Whether time-major rows of (n, t) are read in place (else validation copies them contiguous): splits of
+    at most _TM_MAX_SPLIT two-pass blocks, and longer rows that the look-back serves with whole env blocks."""
+    if num_actions:
+        plan = _retrace_time_major(n, t, num_actions, None)
+    else:
+        plan = _time_major("gae", n, t, None)
+    if plan.split is Split.SINGLE or cdiv(_chunks(plan, t), plan.chunks_per_block) <= _TM_MAX_SPLIT:
+        return True
+    lookback = dtype is not None and dtype != torch.float64 and n >= _TM_MIN_ENVS
+    return lookback and _chunks(plan, t) <= _TM_MAX_LOOKBACK
