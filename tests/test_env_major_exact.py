@@ -1,20 +1,27 @@
-"""GAE, V-trace and the returns on env-major rows of exactly 4 or 8 steps (launch.scan_form; kernels/
-fused.py): the row length as a constexpr (EXACT_T), in programs of several (steps, warps), against the
-float64 reference (or, for the private next-value forms, the PyTorch path) and bit for bit against the
-kernels without it (only the loads and the layout change, not the arithmetic). Rows of other lengths
-(1, 2, 5) keep the form without it."""
+"""GAE, V-trace and the returns on env-major rows of exactly 4 or 8 steps (Plan.exact_t; kernels/fused.py): the row
+length as a constexpr, under the launcher's plan and under explicit plans of other (steps, warps), against the
+float64 reference (or, for the private next-value forms, the PyTorch path) and bit for bit against the plan without
+it (only the loads and the layout change, not the arithmetic). Rows of other lengths (1, 2, 5) keep the plan without
+it. Then the other constexpr row forms: one chunk of 1024 or more steps (exact_t), several whole chunks (whole)."""
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 import rl_triton as R
 from rl_triton.functional import gae_with_next_values, returns_with_advantages, vtrace_with_next_values
-from tests import reference, test_discounted_returns, test_gae, test_lambda_returns, test_vtrace
-from tests._helpers import F32_TOL, FLOAT_DTYPES, check, randn, term_trunc, to_flags
+from rl_triton.kernels import plans
+from rl_triton.kernels.plans import Form, Split
+from tests import reference, test_discounted_returns, test_gae, test_lambda_returns, test_retrace, test_vtrace
+from tests._helpers import F32_TOL, FLOAT_DTYPES, assert_close, call_unmutated, randn, term_trunc, to_flags
+
+F32 = torch.float32
+BF16_TOL = next({"atol": p.values[1], "rtol": p.values[2]} for p in FLOAT_DTYPES if p.values[0] == torch.bfloat16)
 
 
 def _next_values_case(fn, kind):
-    """A case of a private next-value form: (function, args, kwargs, launcher kind)."""
+    """A case of a private next-value form: (make, launcher kind); make gives (function, args, kwargs)."""
 
     def make(shape, *, device, dtype, flag_dtype):
         r, v, nv, lpt, lpb = (randn(shape, dtype, device) for _ in range(5))
@@ -55,38 +62,35 @@ CASES = {
     "returns-adv": _next_values_case("returns", "returns_nv"),
 }
 
-# (letters, steps per program, warps): E (launch._EXACT_T); None: the launcher's. Programs that give each
-# thread half a row (1024, 8), a whole row (1024, 4; 512, 2) or two rows (2048, 4).
-VARIANTS = [("E", None, None), ("E", None, 8), ("E", None, 4), ("E", 512, 2), ("E", 2048, 4)]
-SHAPES = [(300, 8), (9, 4), (3, 8), (8,), (4,), (70, 5), (17, 2), (3, 1)]
-# TD(lambda) with truncateds and bootstrap values sums two products, of which the compiler fuses one into an
-# FMA, and which one depends on the layout; the form without EXACT_T fuses the other one where a thread holds
-# exactly one element (fused.returns_kernel): there the two forms differ in the last bit.
+# TD(lambda) with truncateds and bootstrap values sums two products, of which the compiler fuses one into an FMA,
+# and which one depends on the layout; the plan without exact_t fuses the other one where a thread holds exactly
+# one element (fused.returns_kernel): there the two differ in the last bit.
 _TWO_PRODUCTS = ("lambda-trunc", "returns-adv")
 
 
-def _use(monkeypatch, variant):
-    from rl_triton.kernels import launch
+def _rows(shape):
+    return (1, shape[0]) if len(shape) == 1 else shape
 
-    flags, block, warps = variant
-    monkeypatch.setattr(launch, "_EXACT_T", "E" in flags)
-    # the form before EXACT_T also had no row divisor (launch._row_divisor: T = 4 and 8 would take one)
-    monkeypatch.setattr(launch, "_ROW_DIVISOR", "E" in flags)
-    monkeypatch.setattr(launch, "_EXACT_T_BLOCK", block)
-    monkeypatch.setattr(launch, "_EXACT_T_WARPS", warps)
-    return launch
+
+def _shape_id(shape):
+    return f"T{shape[0]}-1d" if len(shape) == 1 else f"N{shape[0]}-T{shape[1]}"
 
 
 def _as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
-def _checked(fn, args, kwargs, tol):
-    """``fn(*args, **kwargs)`` as a tuple, checked against the float64 reference (a private next-value form: against
-    the PyTorch path)."""
+def _checked(fn, args, kwargs, tol, plan):
+    """``fn(*args, **kwargs, plan=plan)`` as a tuple, inputs unmodified, checked against the float64 reference (a
+    private next-value form: against the PyTorch path)."""
+    got = _as_tuple(call_unmutated(fn, *args, **kwargs, plan=plan))
     if hasattr(reference, fn.__name__):
-        return _as_tuple(check(fn.__name__, *args, **kwargs, **tol)[0])
-    got = _as_tuple(fn(*args, **kwargs))
+        want = _as_tuple(getattr(reference, fn.__name__)(*args, **kwargs))
+        inputs = [a.untyped_storage().data_ptr() for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        for g, w in zip(got, want, strict=True):
+            assert_close(g, w, **tol, dtype=args[0].dtype, device=args[0].device)
+            assert g.untyped_storage().data_ptr() not in inputs  # a fresh output, never a view of an input
+        return got
     with R.use_backend("torch"):
         cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         want = _as_tuple(fn(*(a.cpu() for a in args), **cpu))
@@ -105,74 +109,100 @@ def _assert_same_bits(got, before, last_bit=None):
             torch.testing.assert_close(g, b, atol=last_bit * b.abs().max().item(), rtol=last_bit)
 
 
-def _check_variant(path, monkeypatch, variant, case, shape, dtype=torch.float32, flag_dtype=torch.bool, tol=F32_TOL):
+# ---------------------------------------------------------------------------------------- rows of 4 or 8 steps
+
+
+def _without_exact(n, t):
+    """The plan of these rows without exact_t, as the launcher had it: the walked tiles in env-major groups, with
+    neither the row length nor a row divisor (which rows of 4 and 8 steps would otherwise take)."""
+    return replace(plans.tile(n, t), form=Form.ENV_GROUPS)
+
+
+SHAPES = [(300, 8), (9, 4), (3, 8), (8,), (4,), (70, 5), (17, 2), (3, 1)]
+# Explicit exact plans beside the launcher's: name -> (steps per program, None for the launcher's; warps). Programs
+# that give each thread half a row (1024 steps, 8 warps), a whole row (1024, 4; 512, 2) or two rows (2048, 4); the
+# other step counts on three shapes only, to keep CI short.
+VARIANTS = {"w8": (None, 8), "w4": (None, 4), "b512-w2": (512, 2), "b2048-w4": (2048, 4)}
+_PROGRAM_SHAPES = ((300, 8), (9, 4), (8,))
+
+
+def _cases(cases, shapes, variants, dtype=F32):
+    """(case, shape, plan) params: the launcher's plan (None), and for rows of 4 or 8 steps each variant that is not
+    the launcher's plan (that would be the same launch again)."""
+    out = []
+    for case in cases:
+        for shape in shapes:
+            out.append(pytest.param(case, shape, None, id=f"{case}-{_shape_id(shape)}-chosen"))
+            n, t = _rows(shape)
+            if t not in (4, 8):
+                continue
+            chosen = plans.choose(CASES[case][1], n, t, dtype)
+            for name, (block, warps) in variants.items():
+                if block and shape not in _PROGRAM_SHAPES:
+                    continue
+                plan = replace(chosen, bn=plans.tile(n, t, block).bn if block else chosen.bn, warps=warps)
+                if plan != chosen:
+                    out.append(pytest.param(case, shape, plan, id=f"{case}-{_shape_id(shape)}-{name}"))
+    return out
+
+
+def _check_exact(kernel_path, case, shape, plan, dtype=F32, flag_dtype=torch.bool, tol=F32_TOL):
+    """``plan`` (None: the launcher's, whose choice is checked) against the reference and against the plan without
+    exact_t."""
     make, kind = CASES[case]
-    fn, args, kwargs = make(shape, device=path.device, dtype=dtype, flag_dtype=flag_dtype)
-    n, t = (1, shape[0]) if len(shape) == 1 else shape
-    launch = _use(monkeypatch, ("", None, None))
-    before = _as_tuple(fn(*args, **kwargs))
-    old = launch.scan_form(kind, n, t, dtype).layout.tiles
-    launch = _use(monkeypatch, variant)
-    form = launch.scan_form(kind, n, t, dtype)
-    assert form.group == -4
-    exact = "E" in variant[0] and t in (4, 8)
-    assert form.exact_t == exact
-    if exact:
-        whole_rows = t == 8 and (kind == "vtrace" or dtype.itemsize == 2)
-        assert form.layout.tiles.warps == variant[2] or (
-            variant[2] is None and form.layout.tiles.warps == (4 if whole_rows else 8)
-        )
-    got = _checked(fn, args, kwargs, tol)
-    one_each = old.bn * old.bt == 32 * old.warps
-    loose = exact and case in _TWO_PRODUCTS and one_each and path.name == "cuda"
-    _assert_same_bits(got, before, (1e-6 if dtype == torch.float32 else 1e-2) if loose else None)  # same arithmetic
+    n, t = _rows(shape)
+    exact = t in (4, 8)
+    before = _without_exact(n, t)
+    if plan is None:
+        chosen = plans.choose(kind, n, t, dtype)
+        if exact:  # rows of 8 a whole row per thread (4 warps) for V-trace and 2-byte floats
+            whole_rows = t == 8 and (kind == "vtrace" or dtype.itemsize == 2)
+            assert chosen == replace(before, warps=4 if whole_rows else 8, exact_t=True)
+        else:
+            assert chosen == before
+    else:
+        assert plan.exact_t and plan.form is Form.ENV_GROUPS and plan.bt == t
+    fn, args, kwargs = make(shape, device=kernel_path.device, dtype=dtype, flag_dtype=flag_dtype)
+    got = _checked(fn, args, kwargs, tol, plan)
+    if not exact:  # the launcher's plan is the one without exact_t
+        return
+    old = _as_tuple(fn(*args, **kwargs, plan=before))
+    one_each = before.bn * before.bt == 32 * before.warps
+    loose = case in _TWO_PRODUCTS and one_each and kernel_path.name == "cuda"
+    _assert_same_bits(got, old, (1e-6 if dtype == F32 else 1e-2) if loose else None)  # the same arithmetic
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1] or 'default'}-w{v[2] or 'default'}")
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("case", list(CASES))
-def test_exact_rows(path, monkeypatch, variant, shape, case):
-    if not path.is_kernel:
-        pytest.skip("a kernel tile form")
-    if shape[-1] not in (4, 8) and variant != ("E", None, None):
-        pytest.skip("rows of other lengths take one form whatever the knobs")
-    if variant[1] is not None and shape not in ((300, 8), (9, 4), (8,)):
-        pytest.skip("other programs: three shapes keep CI short")
-    _check_variant(path, monkeypatch, variant, case, shape)
+@pytest.mark.parametrize("case, shape, plan", _cases(CASES, SHAPES, VARIANTS))
+def test_exact_rows(kernel_path, case, shape, plan):
+    _check_exact(kernel_path, case, shape, plan)
 
 
-@pytest.mark.parametrize("flag_dtype", [torch.uint8, torch.float32], ids=str)
-@pytest.mark.parametrize("shape", [(64, 8), (33, 4)], ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("case", ["gae-trunc", "vtrace-next", "discounted-trunc", "lambda-trunc", "returns-adv"])
-def test_exact_rows_flag_dtypes(path, monkeypatch, flag_dtype, shape, case):
-    if not path.is_kernel:
-        pytest.skip("a kernel tile form")
-    _check_variant(path, monkeypatch, ("E", None, None), case, shape, flag_dtype=flag_dtype)
+@pytest.mark.parametrize("flag_dtype", [torch.uint8, torch.float32], ids=["uint8", "float32"])
+@pytest.mark.parametrize(
+    "case, shape, plan",
+    _cases(["gae-trunc", "vtrace-next", "discounted-trunc", "lambda-trunc", "returns-adv"], [(64, 8), (33, 4)], {}),
+)
+def test_exact_rows_flag_dtypes(kernel_path, case, shape, plan, flag_dtype):
+    _check_exact(kernel_path, case, shape, plan, flag_dtype=flag_dtype)
 
 
 _BF16_CASES = ["gae-trunc", "gae-next", "vtrace-trunc", "vtrace-next", "lambda-noboot", "returns-adv"]
 
 
-@pytest.mark.parametrize("variant", [("E", None, None), ("E", None, 8)], ids=["E", "E-w8"])
-@pytest.mark.parametrize("shape", [(40, 8), (40, 4)], ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("case", _BF16_CASES)
-def test_exact_rows_bfloat16(path, monkeypatch, variant, shape, case):
-    if not path.is_kernel:
-        pytest.skip("a kernel tile form")
-    dtype, atol, rtol = next(p.values for p in FLOAT_DTYPES if p.values[0] == torch.bfloat16)
-    _check_variant(
-        path, monkeypatch, variant, case, shape, dtype=dtype, flag_dtype=dtype, tol={"atol": atol, "rtol": rtol}
-    )
+@pytest.mark.parametrize(
+    "case, shape, plan", _cases(_BF16_CASES, [(40, 8), (40, 4)], {"w8": VARIANTS["w8"]}, dtype=torch.bfloat16)
+)
+def test_exact_rows_bfloat16(kernel_path, case, shape, plan):
+    bf16 = torch.bfloat16
+    _check_exact(kernel_path, case, shape, plan, dtype=bf16, flag_dtype=bf16, tol=BF16_TOL)
 
 
 @pytest.mark.parametrize("t", [4, 8])
-def test_exact_rows_round_alike_at_any_number_of_envs(path, t):
+def test_exact_rows_round_alike_at_any_number_of_envs(kernel_path, t):
     """TD(lambda) with truncateds and bootstrap values on rows of exactly 4 or 8 steps: a row's returns do
     not depend on how many envs the call has (programs of 32 or 64 envs hold one element per thread, of
     300 envs four: layouts on which the compiler fused different products; fused.returns_kernel)."""
-    if not path.is_kernel:
-        pytest.skip("a kernel tile form")
-    args, kwargs = test_lambda_returns.make_case((300, t), device=path.device)
+    args, kwargs = test_lambda_returns.make_case((300, t), device=kernel_path.device)
     whole = R.compute_lambda_returns(*args, **kwargs)
     for n in (32, 64):
         part = R.compute_lambda_returns(
@@ -181,68 +211,77 @@ def test_exact_rows_round_alike_at_any_number_of_envs(path, t):
         assert torch.equal(part, whole[:n])
 
 
-@pytest.mark.parametrize("shape", [(3, 1024), (2, 2048)], ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("case", list(CASES))
-def test_one_chunk_rows(path, monkeypatch, shape, case):
-    """Rows of exactly one chunk of 1024 or more steps, in programs of one env (launch._EXACT_T_ONE_CHUNK): the
-    row length a constexpr and the env mask a constant (core.env_block), so that every mask of the chunk folds away.
-    Against the reference, and against the form without them: the same bits, but where the compiler may fuse the
-    other product of TD(lambda)'s sum (see above)."""
-    if not path.is_kernel:
-        pytest.skip("a kernel tile form")
-    from rl_triton.kernels import launch
+# ---------------------------------------------------------------------------------------- longer rows
 
+# The kinds whose rows of one chunk of 1024-4096 steps the launcher gives exact_t (V-trace's ran slower).
+_EXACT_ONE_CHUNK = ("gae", "returns", "returns_nv")
+
+
+@pytest.mark.parametrize(
+    "case, shape", [pytest.param(c, s, id=f"{c}-{_shape_id(s)}") for c in CASES for s in [(3, 1024), (2, 2048)]]
+)
+def test_one_chunk_rows(kernel_path, case, shape):
+    """Rows of exactly one chunk of 1024 or more steps, in programs of one env: with exact_t the row length is a
+    constexpr and the env mask a constant (core.env_block), so that every mask of the chunk folds away. Against the
+    reference, and against the plan without it: the same bits, but where the compiler may fuse the other product
+    of TD(lambda)'s sum (see above), or contract V-trace's differently."""
     make, kind = CASES[case]
-    fn, args, kwargs = make(shape, device=path.device, dtype=torch.float32, flag_dtype=torch.bool)
-    assert launch.scan_form(kind, *shape, torch.float32).exact_t == (kind in launch._EXACT_T_ONE_CHUNK)
-    monkeypatch.setattr(launch, "_EXACT_T_ONE_CHUNK", ())
-    assert not launch.scan_form(kind, *shape, torch.float32).exact_t
-    before = _as_tuple(fn(*args, **kwargs))
-    monkeypatch.setattr(launch, "_EXACT_T_ONE_CHUNK", (kind,))  # V-trace's too, which the policy leaves out
-    form = launch.scan_form(kind, *shape, torch.float32)
-    assert form.exact_t and form.layout.tiles.bn == 1 and form.layout.tiles.bt == shape[1] and form.group > 0
-    got = _checked(fn, args, kwargs, F32_TOL)
-    loose = (case in _TWO_PRODUCTS or kind == "vtrace") and path.name == "cuda"  # V-trace: contracted differently
+    fn, args, kwargs = make(shape, device=kernel_path.device, dtype=F32, flag_dtype=torch.bool)
+    chosen = plans.choose(kind, *shape, F32)
+    assert chosen.exact_t == (kind in _EXACT_ONE_CHUNK)
+    exact = replace(chosen, exact_t=True)  # V-trace's too, which the launcher leaves out
+    assert exact.split is Split.SINGLE and exact.bn == 1 and exact.bt == shape[1] and exact.form.value > 0
+    before = _as_tuple(fn(*args, **kwargs, plan=replace(chosen, exact_t=False)))
+    got = _checked(fn, args, kwargs, F32_TOL, exact)
+    loose = (case in _TWO_PRODUCTS or kind == "vtrace") and kernel_path.name == "cuda"
     _assert_same_bits(got, before, 1e-6 if loose else None)
 
 
+# Single-pass rows of several whole chunks take the whole constexpr for these kinds and element sizes (Retrace:
+# only 2-byte floats): the launcher's plans of rows of 512 envs, which fill the GPU unsplit.
+_WHOLE_POLICY = [
+    ("returns", 6144, F32, True),
+    ("returns_nv", 6144, F32, True),
+    ("returns", 6144, torch.bfloat16, True),
+    ("returns_nv", 6144, torch.float16, True),
+    ("gae", 3072, F32, False),
+    ("vtrace", 6144, F32, False),
+    ("retrace", 3072, F32, False),
+    ("retrace", 3072, torch.bfloat16, True),
+]
+
+
+@pytest.mark.parametrize(
+    "kind, t, dtype, whole",
+    [pytest.param(*c, id=f"{c[0]}-T{c[1]}-{str(c[2]).removeprefix('torch.')}") for c in _WHOLE_POLICY],
+)
+def test_whole_chunks_policy(kind, t, dtype, whole):
+    plan = plans.choose(kind, 512, t, dtype, num_actions=4)
+    assert plan.split is Split.SINGLE and plan.bn == 1 and t % plan.bt == 0 and t > plan.bt
+    assert plan.whole == whole
+
+
 _WHOLE_CASES = [(c, (3, 6144)) for c in CASES if CASES[c][1] in ("returns", "returns_nv")] + [
-    ("gae-trunc", (3, 3072)),  # kernels the policy leaves out: the form itself
+    ("gae-trunc", (3, 3072)),  # kinds the launcher leaves out: the form itself
     ("vtrace-trunc", (3, 6144)),
     ("retrace", (3, 3072)),
 ]
 
 
-@pytest.mark.parametrize("case, shape", _WHOLE_CASES, ids=[f"{c}-{s[0]}x{s[1]}" for c, s in _WHOLE_CASES])
-def test_whole_chunks(path, monkeypatch, case, shape):
-    """Single-pass rows of several whole chunks in programs of one env (launch._WHOLE_CHUNKS): no time mask and a
-    constant env mask (core.chunk, core.env_block). Rows kept unsplit (launch._TARGET_PROGRAMS) so that a few envs
-    walk them. Against the reference, and against the form without them: the same bits (V-trace's and Retrace's
-    products may be fused differently on the GPU, as with EXACT_T above)."""
-    if not path.is_kernel:
-        pytest.skip("a kernel tile form")
-    from rl_triton.kernels import launch
-    from tests import test_retrace
-
-    monkeypatch.setattr(launch, "_TARGET_PROGRAMS", 2)
+@pytest.mark.parametrize("case, shape", [pytest.param(c, s, id=f"{c}-{_shape_id(s)}") for c, s in _WHOLE_CASES])
+def test_whole_chunks(kernel_path, case, shape):
+    """Single-pass rows of several whole chunks in programs of one env: whole drops the time mask and makes the env
+    mask a constant (core.chunk, core.env_block). The plan the launcher gives 512 such rows (one pass), on 3 rows (a
+    few envs walk them), float32 whatever the launcher's element sizes. Against the reference, and against the plan
+    without whole: the same bits (V-trace's and Retrace's products may be fused differently on the GPU)."""
     if case == "retrace":
         kind = "retrace"
-        fn, (args, kwargs) = R.compute_retrace, test_retrace.make_case(shape, device=path.device)
+        fn, (args, kwargs) = R.compute_retrace, test_retrace.make_case(shape, device=kernel_path.device)
     else:
         make, kind = CASES[case]
-        fn, args, kwargs = make(shape, device=path.device, dtype=torch.float32, flag_dtype=torch.bool)
-
-    def form():
-        if kind == "retrace":
-            return launch.retrace_layout(*shape, 4, torch.float32)  # make_case's 4 actions
-        return launch.scan_form(kind, *shape, torch.float32)
-
-    assert form().whole == (4 in launch._WHOLE_CHUNKS.get(kind, ()))
-    monkeypatch.setattr(launch, "_WHOLE_CHUNKS", {})
-    assert not form().whole
-    before = _as_tuple(fn(*args, **kwargs))
-    monkeypatch.setattr(launch, "_WHOLE_CHUNKS", {kind: (4,)})  # float32: the policy's Retrace takes 2-byte dtypes
-    layout = form().layout
-    assert form().whole and layout.nk == 1 and layout.cpb > 1 and layout.tiles.bn == 1
-    got = _checked(fn, args, kwargs, F32_TOL)
-    _assert_same_bits(got, before, 1e-6 if kind in ("retrace", "vtrace") and path.name == "cuda" else None)
+        fn, args, kwargs = make(shape, device=kernel_path.device, dtype=F32, flag_dtype=torch.bool)
+    plan = plans.choose(kind, 512, shape[1], F32, num_actions=4)  # make_case's 4 actions
+    assert plan.split is Split.SINGLE and plan.bn == 1 and shape[1] // plan.bt > 1
+    before = _as_tuple(fn(*args, **kwargs, plan=replace(plan, whole=False)))
+    got = _checked(fn, args, kwargs, F32_TOL, replace(plan, whole=True))
+    _assert_same_bits(got, before, 1e-6 if kind in ("retrace", "vtrace") and kernel_path.name == "cuda" else None)

@@ -1,34 +1,51 @@
-"""Rows whose length is a multiple of 4 or 8 but not of 16 (launch._row_divisor; core.row_length):
-the fused kernels are told so and give the float64 reference's numbers, and the same numbers as
-without it: the same bits in the interpreter; on the GPU within a few float32 ulps, since the
-compiler may contract other products into FMAs once the loads are vectors (the H200: up to 2.6e-7
-relative, in the traces, the prefix sums and TD(lambda))."""
+"""Rows whose length is a multiple of 4 or 8 but not of 16 (Plan.row_div; core.row_length): the launcher tells
+the fused kernels so, and they give the float64 reference's numbers, and the same numbers as under the same plan
+with row_div=1: the same bits in the interpreter; on the GPU within a few float32 ulps, since the compiler may
+contract other products into FMAs once the loads are vectors (the H200: up to 2.6e-7 relative, in the traces,
+the prefix sums and TD(lambda))."""
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 import rl_triton as R
-from rl_triton.kernels import launch
+from rl_triton.kernels import plans
 from tests._helpers import F32_TOL, FUNCTIONS, check, equal_results, valid_kwargs
 
-# (N, T): T % 16 = 4, 8 or 12 (divisors 4, 8, 4), a multi-block row (T = 8196: two passes or look-back),
-# and T = 8 (EXACT_T for the reverse recurrences, the divisor for the forward ones).
+# The launcher's kernel kind of each function on valid_kwargs' inputs (the lambda returns take next values).
+KINDS = {
+    "compute_gae": "gae",
+    "compute_vtrace": "vtrace",
+    "compute_retrace": "retrace",
+    "compute_discounted_returns": "returns",
+    "compute_lambda_returns": "returns_nv",
+    "compute_eligibility_traces": "forward",
+    "compute_episodic_prefix_sum": "forward",
+}
+
+# (N, T): T % 16 = 4, 8 or 12 (divisors 4, 8, 4), a multi-block row (T = 8196: the look-back), and T = 8
+# (exact rows for the reverse recurrences, which take no divisor; the divisor for the forward ones).
 SHAPES = [(5, 12), (3, 20), (2, 100), (2, 1000), (1, 8196), (6, 8)]
+CASES = [
+    pytest.param(fn, shape, id=f"{fn.removeprefix('compute_')}-N{shape[0]}-T{shape[1]}")
+    for fn in FUNCTIONS
+    for shape in SHAPES
+]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("fn", FUNCTIONS)
-def test_row_divisor_keeps_the_bits(path, monkeypatch, fn, shape):
-    if not path.is_kernel:
-        pytest.skip("a kernel form")
-    assert launch._row_divisor(shape[1]) == {4: 4, 8: 8, 12: 4}[shape[1] % 16]
+@pytest.mark.parametrize("fn, shape", CASES)
+def test_row_divisor_keeps_the_bits(kernel_path, fn, shape):
+    n, t = shape
+    plan = plans.choose(KINDS[fn], n, t, torch.float32, num_actions=4 if fn == "compute_retrace" else 0)
+    assert plan.row_div == (1 if plan.exact_t else {4: 4, 8: 8, 12: 4}[t % 16])
     torch.manual_seed(sum(shape))
-    kwargs = valid_kwargs(fn, shape, device=path.device)
-    monkeypatch.setattr(launch, "_ROW_DIVISOR", False)
-    without = getattr(R, fn)(**kwargs)
-    monkeypatch.setattr(launch, "_ROW_DIVISOR", True)
-    got = check(fn, **kwargs, **F32_TOL)[0]
-    if path.name == "cuda":  # a few ulps of the outputs' scale (a prefix sum may cross zero)
+    kwargs = valid_kwargs(fn, shape, device=kernel_path.device)
+    got = check(fn, **kwargs, **F32_TOL)[0]  # the launcher's plan, with its divisor
+    if plan.row_div == 1:  # exact rows: nothing to compare with
+        return
+    without = getattr(R, fn)(**kwargs, plan=replace(plan, row_div=1))
+    if kernel_path.name == "cuda":  # a few ulps of the outputs' scale (a prefix sum may cross zero)
         outs = without if isinstance(without, tuple) else (without,)
         scale = max(float(o.abs().max()) for o in outs)
         equal_results(got, without, atol=2e-6 * scale, rtol=2e-6)

@@ -1,19 +1,50 @@
 """Time-major calls: every per-step tensor is the (N, T) view ``x.T`` of a contiguous (T, N) tensor (a
 ``[num_steps, num_envs]`` rollout buffer), and every per-action one Retrace takes the (N, T, A) view of a
-contiguous (T, N, A) tensor. The kernels read such rows in place (kernels/core.py,
-time_stride; launch.time_major_form) instead of copying each input, and the outputs come in the same
+contiguous (T, N, A) tensor. The kernels read such rows in place (kernels/core.py, time_stride; the
+time-major plans of plans.choose) instead of copying each input, and the outputs come in the same
 layout. Checked against the float64 reference on every path, including the layouts' edge cases:
 env counts below, at and past one env block, not multiples of the vector width, rows of one
 env-major group, of several chunks and split into time blocks (the look-back over blocks of envs, and the
-two-pass split)."""
+two-pass split), under the launcher's plans and under explicit ones (``plan=``)."""
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 import rl_triton as R
 from rl_triton import _validation
-from rl_triton.kernels import launch
-from tests._helpers import F32_TOL, FUNCTIONS, check, equal_results, non_contiguous, valid_kwargs
+from rl_triton.kernels import plans
+from rl_triton.kernels.plans import Form, Split
+from tests import reference
+from tests._helpers import (
+    F32_TOL,
+    FUNCTIONS,
+    assert_close,
+    call_unmutated,
+    check,
+    equal_results,
+    non_contiguous,
+    valid_kwargs,
+)
+
+F32, BF16, F64 = torch.float32, torch.bfloat16, torch.float64
+
+# The launcher's kernel kind of each function on valid_kwargs' inputs (the lambda returns take next values).
+KINDS = {
+    "compute_gae": "gae",
+    "compute_vtrace": "vtrace",
+    "compute_retrace": "retrace",
+    "compute_discounted_returns": "returns",
+    "compute_lambda_returns": "returns_nv",
+    "compute_eligibility_traces": "forward",
+    "compute_episodic_prefix_sum": "forward",
+}
+
+
+def _chosen(name, n, t, dtype=F32):
+    """The launcher's plan of time-major rows of rl_triton.<name> (Retrace: valid_kwargs' 4 actions)."""
+    return plans.choose(KINDS[name], n, t, dtype, time_major=True, num_actions=4 if name == "compute_retrace" else 0)
 
 
 def _tm(x):
@@ -28,6 +59,20 @@ def _tm(x):
         assert _validation._is_time_major(view)
         return view
     return x
+
+
+def _tm_kwargs(name, shape, **kw):
+    return {k: _tm(v) for k, v in valid_kwargs(name, shape, **kw).items()}
+
+
+def _checked(name, kwargs, plan):
+    """check() of rl_triton.<name> under ``plan``, which the reference does not take."""
+    out = call_unmutated(getattr(R, name), **kwargs, plan=plan)
+    ref = getattr(reference, name)(**kwargs)
+    like = next(v for v in kwargs.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
+    for o, r in zip(*((x if isinstance(x, tuple) else (x,)) for x in (out, ref)), strict=True):
+        assert_close(o, r, **F32_TOL, dtype=like.dtype, device=like.device)
+    return out
 
 
 _FORWARD = ("compute_eligibility_traces", "compute_episodic_prefix_sum")  # forward scans: plain tiles only
@@ -56,44 +101,67 @@ def test_matches_reference(path, name, shape):
     equal_results(out, getattr(R, name)(**kwargs), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("lookback", [True, False], ids=["lookback", "two-pass"])
+# Rows of 3 envs and 2100 steps: 33 chunks of 64 steps (Retrace: 66 of 32) in one env block, split into one time
+# block per chunk; the look-back in windows of 16, so both levels of windows.
+_SPLITS = {
+    "lookback": dict(split=Split.LOOKBACK, window=16, chunks_per_block=1),
+    "two-pass": dict(split=Split.TWO_PASS, window=1, chunks_per_block=1),
+}
+
+
+@pytest.mark.parametrize("split", list(_SPLITS))
 @pytest.mark.parametrize("name", FUNCTIONS)
-def test_split_rows(path, name, lookback, monkeypatch):
-    """Rows split into time blocks: the look-back over blocks of envs (core.lookback_envs; 33 blocks in windows
-    of 16, so both levels of windows) and the two-pass split. A second call gives the same bits (the look-back's
-    epochs advanced in between)."""
-    monkeypatch.setattr(launch, "_TM_LOOKBACK", lookback)
-    monkeypatch.setattr(launch, "_TM_LOOKBACK_MIN_SPLIT", {})  # the discounted returns' too
-    kwargs = {k: _tm(v) for k, v in valid_kwargs(name, (3, 2100), device=path.device).items()}
-    form = launch.time_major_form("gae", 3, 2100, dtype=torch.float32)
-    assert form.layout.lookback == lookback and (form.layout.window < form.layout.nk or not lookback)
-    out = check(name, **kwargs, **F32_TOL)[0]
-    equal_results(out, getattr(R, name)(**kwargs), atol=0, rtol=0)
+def test_split_rows(kernel_path, name, split):
+    """Rows split into time blocks: the look-back over blocks of envs (core.lookback_envs) and the two-pass split,
+    both whichever the launcher would take (the look-back, but for the discounted returns' short splits). A second
+    call gives the same bits (the plan's launch cached with its flags: the look-back's epochs advanced in between)."""
+    chosen = _chosen(name, 3, 2100)
+    assert chosen.split is (Split.TWO_PASS if name == "compute_discounted_returns" else Split.LOOKBACK)
+    plan = replace(chosen, **_SPLITS[split])
+    assert plan.split is not Split.LOOKBACK or plan.window < plans.cdiv(2100, plan.bt)
+    kwargs = _tm_kwargs(name, (3, 2100), device=kernel_path.device)
+    out = _checked(name, kwargs, plan)
+    equal_results(out, getattr(R, name)(**kwargs, plan=plan), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("group", [-1, None], ids=["descending", "group-major"])
-@pytest.mark.parametrize("name", [n for n in FUNCTIONS if n not in _FORWARD])
-def test_tile_forms(path, name, group, monkeypatch):
-    """Both tile forms of the reverse recurrences on time-major rows longer than one env-major group: descending
-    plain tiles (kernels/core.py, GROUPED = -1; Retrace's policy) and group-major ones (the others' policy;
-    Retrace's before), single pass and split into time blocks, against the reference and the contiguous call."""
-    monkeypatch.setattr(launch, "_TM_RETRACE_GROUP", group)
-    if group is not None:
-        monkeypatch.setattr(launch, "_TM_GROUP", group)
-    for shape in [(70, 300), (3, 2100)]:
-        kwargs = valid_kwargs(name, shape, device=path.device)
-        want = getattr(R, name)(**kwargs)
-        out = check(name, **{k: _tm(v) for k, v in kwargs.items()}, **F32_TOL)[0]
-        equal_results(out, want, atol=1e-6, rtol=1e-6)
+# The tile forms of the reverse recurrences: descending plain tiles (kernels/core.py, GROUPED = -1; Retrace's
+# choice) and group-major ones (the others'; Retrace's before).
+_FORMS = {"descending": Form.DESCENDING, "group-major": Form.GROUPS4}
+# Rows longer than one env-major group: in one pass (the launcher would split these), and split into time blocks.
+# The launcher's own form of the split rows is left out: that is test_split_rows' plan.
+_FORM_ROWS = {"N70-T300-single": ((70, 300), dict(split=Split.SINGLE, window=1)), "N3-T2100-split": ((3, 2100), {})}
+_FORM_CASES = [
+    pytest.param(name, rows, form, id=f"{name}-{rows}-{form}")
+    for name in FUNCTIONS
+    if name not in _FORWARD
+    for rows in _FORM_ROWS
+    for form in _FORMS
+    if rows.endswith("single") or (form == "descending") != (name == "compute_retrace")
+]
 
 
-def test_lookback_zeroed_flags(path, monkeypatch):
-    """The look-back over blocks of envs with flags zeroed per call (PHASE 4: launches of more blocks than
-    _EPOCH_MAX_BLOCKS) instead of epochs."""
-    monkeypatch.setattr(launch, "_EPOCH_MAX_BLOCKS", 0)
-    kwargs = {k: _tm(v) for k, v in valid_kwargs("compute_gae", (40, 700), device=path.device).items()}
-    out = check("compute_gae", **kwargs, **F32_TOL)[0]
-    equal_results(out, R.compute_gae(**kwargs), atol=0, rtol=0)
+@pytest.mark.parametrize("name, rows, form", _FORM_CASES)
+def test_tile_forms(kernel_path, name, rows, form):
+    """Both tile forms on time-major rows, against the reference and the contiguous call."""
+    shape, split = _FORM_ROWS[rows]
+    chosen = _chosen(name, *shape)
+    assert chosen.form is (Form.DESCENDING if name == "compute_retrace" else Form.GROUPS4)
+    plan = replace(chosen, form=_FORMS[form], **split)
+    kwargs = valid_kwargs(name, shape, device=kernel_path.device)
+    want = getattr(R, name)(**kwargs)
+    out = _checked(name, {k: _tm(v) for k, v in kwargs.items()}, plan)
+    equal_results(out, want, atol=1e-6, rtol=1e-6)
+
+
+def test_lookback_zeroed_flags(kernel_path):
+    """The look-back over blocks of envs with flags zeroed per call (PHASE 4, which the launcher takes for launches
+    of more than 4096 blocks) instead of epochs."""
+    chosen = _chosen("compute_gae", 40, 700)
+    assert chosen.split is Split.LOOKBACK and chosen.epochs
+    plan = replace(chosen, epochs=False)
+    kwargs = _tm_kwargs("compute_gae", (40, 700), device=kernel_path.device)
+    out = _checked("compute_gae", kwargs, plan)
+    equal_results(out, R.compute_gae(**kwargs, plan=plan), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["compute_gae", "compute_vtrace"])
@@ -102,7 +170,7 @@ def test_last_value(path, name):
     check(name, **{k: _tm(v) for k, v in kwargs.items()}, **F32_TOL)
 
 
-@pytest.mark.parametrize("dtype, atol, rtol", [(torch.float64, 1e-10, 1e-10), (torch.bfloat16, 2e-2, 2e-2)])
+@pytest.mark.parametrize("dtype, atol, rtol", [(F64, 1e-10, 1e-10), (BF16, 2e-2, 2e-2)])
 def test_dtypes(path, dtype, atol, rtol):
     kwargs = valid_kwargs("compute_gae", (36, 70), device=path.device, dtype=dtype)
     check("compute_gae", **{k: _tm(v) for k, v in kwargs.items()}, atol=atol, rtol=rtol)
@@ -185,7 +253,7 @@ def test_retrace_decision():
 
 def test_gradients(path):
     """Autograd through a time-major call: the gradients of the contiguous call."""
-    kwargs = valid_kwargs("compute_gae", (40, 12), device=path.device, dtype=torch.float64)
+    kwargs = valid_kwargs("compute_gae", (40, 12), device=path.device, dtype=F64)
     grads = []
     for layout in (lambda x: x, _tm):
         r = layout(kwargs["rewards"].clone()).requires_grad_(True)
@@ -197,86 +265,139 @@ def test_gradients(path):
     equal_results(grads[0], grads[1], atol=1e-12, rtol=1e-12)
 
 
-def test_form_policy():
-    """The launcher's time-major forms: blocks of at least _TM_MIN_ENVS envs, env-major groups for
-    rows of <= 8 steps, the two-pass split for rows too long for their env blocks."""
-    short = launch.time_major_form("gae", 4096, 24)
-    assert short.layout.tiles.bn >= launch._TM_MIN_ENVS and short.layout.nk == 1 and short.group == 4
-    assert launch.time_major_form("gae", 4096, 8).group == -4
-    assert launch.time_major_form("forward", 4096, 512).group == 0
-    long = launch.time_major_form("gae", 64, 4096)
-    assert long.layout.nk > 1 and not long.layout.lookback  # no dtype: the split time_major_in_place counts
-    assert launch.time_major_form("gae", 64, 4096, dtype=torch.bfloat16).layout.lookback
-    assert not launch.time_major_form("gae", 64, 4096, dtype=torch.float64).layout.lookback
-    assert launch.time_major_in_place(64, 2048) and not launch.time_major_in_place(16, 262144)
-    few = launch.retrace_time_major_form(4096, 24, 4)
-    assert few.group == -1 and not few.pieces and few.layout.tiles.bn >= launch._TM_MIN_ENVS  # descending tiles
-    assert launch.retrace_time_major_form(4096, 8, 4).group == -4
-    many = launch.retrace_time_major_form(4096, 24, 18)
-    assert many.group == -1 and many.pieces
-    assert many.layout.tiles.bn * many.layout.tiles.bt < few.layout.tiles.bn * few.layout.tiles.bt
-    assert launch.time_major_in_place(64, 2048, 4) and not launch.time_major_in_place(16, 262144, 4)
-    # the discounted returns: the look-back only from splits of _TM_LOOKBACK_MIN_SPLIT blocks
-    assert not launch.time_major_form("returns", 4096, 2048, dtype=torch.float32).layout.lookback
-    assert launch.time_major_form("returns", 256, 8192, dtype=torch.float32).layout.lookback
-    # V-trace too, with 2-byte inputs
-    assert launch.time_major_form("vtrace", 4096, 2048, dtype=torch.float32).layout.lookback
-    assert not launch.time_major_form("vtrace", 4096, 2048, dtype=torch.bfloat16).layout.lookback
-    assert launch.time_major_form("vtrace", 256, 8192, dtype=torch.bfloat16).layout.lookback
-    # longer rows in place where the look-back serves them: not float64, >= _TM_MIN_ENVS envs, <= 2048 blocks
-    assert launch.time_major_in_place(32, 65536, dtype=torch.float32)
-    assert launch.time_major_in_place(64, 131072, dtype=torch.bfloat16)
-    assert not launch.time_major_in_place(32, 65536, dtype=torch.float64)
-    assert not launch.time_major_in_place(16, 65536, dtype=torch.float32)
-    assert not launch.time_major_in_place(32, 262144, dtype=torch.float32)
+# The launcher's time-major plans: (kind, N, T, dtype, actions, fields). Every plan takes blocks of at least 32
+# envs (whole 128-byte lines of float32 per step).
+_POLICY = [
+    # env blocks that fill the GPU: one pass; group-major tiles, env-major groups for rows of <= 8 steps
+    ("gae", 4096, 24, F32, 0, dict(split=Split.SINGLE, form=Form.GROUPS4)),
+    ("gae", 4096, 8, F32, 0, dict(form=Form.ENV_GROUPS)),
+    ("forward", 4096, 512, F32, 0, dict(form=Form.PLAIN)),
+    # rows too long for their env blocks split: the look-back, but for float64 (no tagged words): two passes
+    ("gae", 64, 4096, F32, 0, dict(split=Split.LOOKBACK)),
+    ("gae", 64, 4096, BF16, 0, dict(split=Split.LOOKBACK)),
+    ("gae", 64, 4096, F64, 0, dict(split=Split.TWO_PASS)),
+    # Retrace: descending tiles, env-major groups for short rows of few actions, one tile per digit of many
+    ("retrace", 4096, 24, F32, 4, dict(form=Form.DESCENDING, pieces=False)),
+    ("retrace", 4096, 8, F32, 4, dict(form=Form.ENV_GROUPS)),
+    ("retrace", 4096, 24, F32, 18, dict(form=Form.DESCENDING, pieces=True)),
+    # the discounted returns: the look-back only from splits of 64 blocks; V-trace too, with 2-byte inputs
+    ("returns", 4096, 2048, F32, 0, dict(split=Split.TWO_PASS)),
+    ("returns", 256, 8192, F32, 0, dict(split=Split.LOOKBACK)),
+    ("vtrace", 4096, 2048, F32, 0, dict(split=Split.LOOKBACK)),
+    ("vtrace", 4096, 2048, BF16, 0, dict(split=Split.TWO_PASS)),
+    ("vtrace", 256, 8192, BF16, 0, dict(split=Split.LOOKBACK)),
+]
+
+
+def _dtype_id(dtype):
+    return "any" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize(
+    "kind, n, t, dtype, num_actions, fields",
+    [pytest.param(*c, id=f"{c[0]}-N{c[1]}-T{c[2]}-{_dtype_id(c[3])}" + (f"-A{c[4]}" if c[4] else "")) for c in _POLICY],
+)
+def test_plan_policy(kind, n, t, dtype, num_actions, fields):
+    plan = plans.choose(kind, n, t, dtype, time_major=True, num_actions=num_actions)
+    assert plan.bn >= 32
+    assert {k: getattr(plan, k) for k in fields} == fields
+
+
+def test_retrace_tiles_keep_their_size():
+    """Retrace's [N, T, A] tiles: more actions, fewer steps and envs per tile."""
+    few = plans.choose("retrace", 4096, 24, F32, time_major=True, num_actions=4)
+    many = plans.choose("retrace", 4096, 24, F32, time_major=True, num_actions=18)
+    assert many.bn * many.bt < few.bn * few.bt
+
+
+# Whether time-major rows are read in place (else validation copies them contiguous): (N, T, actions, dtype).
+_IN_PLACE = [
+    # splits of at most 128 two-pass blocks are, whatever the dtype
+    ((64, 2048, 0, None), True),
+    ((64, 2048, 4, None), True),
+    ((16, 262144, 0, None), False),
+    ((16, 262144, 4, None), False),
+    # longer ones where the look-back serves them: not float64, >= 32 envs, <= 2048 blocks; without a dtype the
+    # two-pass blocks count
+    ((64, 16384, 0, None), False),
+    ((64, 16384, 0, F32), True),
+    ((32, 65536, 0, F32), True),
+    ((64, 131072, 0, BF16), True),
+    ((32, 65536, 0, F64), False),
+    ((16, 65536, 0, F32), False),
+    ((32, 262144, 0, F32), False),
+]
+
+
+@pytest.mark.parametrize(
+    "args, in_place",
+    [pytest.param(a, p, id=f"N{a[0]}-T{a[1]}-{_dtype_id(a[3])}" + (f"-A{a[2]}" if a[2] else "")) for a, p in _IN_PLACE],
+)
+def test_reads_in_place(args, in_place):
+    n, t, num_actions, dtype = args
+    assert plans.reads_time_major_in_place(n, t, num_actions, dtype) == in_place
 
 
 def test_long_rows_copy(path):
-    """Rows that would split into more than _TM_MAX_SPLIT time blocks are copied contiguous (the
-    look-back serves them) instead of read in place."""
+    """Rows that would split into more than 128 two-pass time blocks and that the look-back does not serve in
+    place (fewer than 32 envs) are copied contiguous instead of read in place."""
     kwargs = valid_kwargs("compute_discounted_returns", (2, 8300), device=path.device)
-    assert not launch.time_major_in_place(2, 8300)
+    assert not plans.reads_time_major_in_place(2, 8300, dtype=F32)
     out = check("compute_discounted_returns", **{k: _tm(v) for k, v in kwargs.items()}, **F32_TOL)[0]
     assert out.is_contiguous()
 
 
+@pytest.fixture
+def in_place(monkeypatch):
+    """Time-major rows read in place whatever their length (validation caches the decision: cleared around)."""
+    monkeypatch.setattr(plans, "reads_time_major_in_place", lambda *args, **kwargs: True)
+    _validation.clear_cache()
+    yield
+    _validation.clear_cache()
+
+
+# (N, T), the look-back's window (at least the square root of the blocks per row), epochs (launches of at most
+# 4096 blocks keep them); collected on a GPU only.
 _STRESS = [
-    pytest.param((16, 262144), None, id="16x262144"),  # 4096 blocks of one env block, windows of 64
-    pytest.param((64, 262144), 128, id="64x262144-w128"),  # 2 env blocks: 8192 blocks, PHASE 4 (zeroed words)
-    pytest.param((40, 65536), 8, id="40x65536-w8"),  # 1024 blocks: the windows grow to 32
-    pytest.param((4096, 2048), None, id="4096x2048"),  # 128 env blocks of 32 blocks
+    ((16, 262144), 64, True),  # 4096 blocks of one env block
+    ((64, 262144), 128, False),  # 2 env blocks: 8192 blocks, PHASE 4 (zeroed words)
+    ((40, 65536), 32, True),  # 1024 blocks
+    ((4096, 2048), 16, True),  # 128 env blocks of 32 blocks
+]
+_STRESS_CASES = [
+    pytest.param(name, shape, window, epochs, id=f"{name.removeprefix('compute_')}-N{shape[0]}-T{shape[1]}-w{window}")
+    for name in ("compute_gae", "compute_discounted_returns", "compute_eligibility_traces")
+    for shape, window, epochs in _STRESS
+    if torch.cuda.is_available()
 ]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
-@pytest.mark.parametrize("name", ["compute_gae", "compute_discounted_returns", "compute_eligibility_traces"])
-@pytest.mark.parametrize("shape, window", _STRESS)
-def test_lookback_stress_cuda(name, shape, window, monkeypatch):
+@pytest.mark.parametrize("name, shape, window, epochs", _STRESS_CASES)
+def test_lookback_stress_cuda(in_place, name, shape, window, epochs):
     """The look-back over blocks of envs on the GPU, where blocks run concurrently (the interpreter runs them one
-    after another): rows forced in place whatever their length, against the contiguous call (env-major
-    kernels), and five calls bit for bit the same. The first form of this look-back failed here (NOTES.md)."""
-    monkeypatch.setattr(launch, "_TM_MAX_SPLIT", 1 << 30)
-    monkeypatch.setattr(launch, "_TM_LOOKBACK_MIN_SPLIT", {})  # the discounted returns' rows too
-    if window is not None:
-        monkeypatch.setattr(launch, "_TM_WINDOW", window)
+    after another): rows read in place whatever their length, against the contiguous call (env-major
+    kernels), and five calls bit for bit the same (epochs advancing, or words zeroed per call). The first form of
+    this look-back failed here (NOTES.md)."""
+    chosen = _chosen(name, *shape)
+    plan = replace(chosen, split=Split.LOOKBACK, window=window, epochs=epochs, chunks_per_block=1)
     kwargs = valid_kwargs(name, shape, device="cuda")
     tm = {k: _tm(v) for k, v in kwargs.items()}
-    assert launch.time_major_form("gae", *shape, dtype=torch.float32).layout.lookback
     want = getattr(R, name)(**kwargs)
-    outs = [getattr(R, name)(**tm) for _ in range(5)]
+    outs = [getattr(R, name)(**tm, plan=plan) for _ in range(5)]
     assert outs[0].T.is_contiguous()  # read in place
     torch.testing.assert_close(outs[0], want, atol=2e-5, rtol=2e-5)
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="needs a CUDA GPU, compiled kernels")
-@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("name", FUNCTIONS if torch.cuda.is_available() and not R.INTERPRET else [])  # compiled
 def test_lookback_cuda_graph(name):
     """A time-major call through the look-back captured in a CUDA graph (its flags leased from the arena) gives
-    the eager call's bits on every replay, with the eager calls' epochs advancing in between."""
+    the eager call's bits on every replay, with the eager calls' epochs advancing in between (the discounted
+    returns' rows take the two-pass split)."""
+    chosen = _chosen(name, 64, 3000)
+    assert chosen.split is (Split.TWO_PASS if name == "compute_discounted_returns" else Split.LOOKBACK)
     kwargs = {k: _tm(v) for k, v in valid_kwargs(name, (64, 3000), device="cuda").items()}
-    assert launch.time_major_form("gae", 64, 3000, dtype=torch.float32).layout.lookback
     fn = getattr(R, name)
     eager = fn(**kwargs)
     stream = torch.cuda.Stream()
