@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         fields = {k: (v.name if isinstance(v, (Form, Split)) else v) for k, v in dataclasses.asdict(plan).items()}
         row = {"function": fn, "num_envs": n, "seq_len": t, "dtype": a.dtype, "chosen": plan == base, "plan": fields}
         try:
-            launch.check_plan(plan, KINDS[fn], t, a.time_major)
+            launch.check_plan(plan, KINDS[fn], n, t, dtype, a.time_major)
             if a.offline:
                 row["launches"] = offline(fn, x, plan, a.dump)
             else:

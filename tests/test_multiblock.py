@@ -270,9 +270,13 @@ def test_explicit_plans_are_checked(kernel_path):
         Plan(1, 32, 4, split=Split.LOOKBACK, window=2),  # 10 blocks need windows of 4
         Plan(1, 32, 4, exact_t=True),  # rows of 300 steps, not 32
         Plan(3, 32, 4),  # bn a power of two
+        Plan(1, 32, 4, split=Split.TWO_PASS, chunks_per_block=0),
     ]
     for plan in bad:
         with pytest.raises(ValueError, match="cannot launch gae"):
             CALLS["gae"](x, plan)
     with pytest.raises(ValueError, match="plain tiles"):
         CALLS["traces"](x, Plan(1, 32, 4, Form.GROUPS4))
+    tm = {k: v.T.contiguous().T for k, v in _inputs(3, 300, kernel_path.device).items() if k in ("r", "v", "term")}
+    with pytest.raises(ValueError, match="does not divide the 3 envs"):  # time-major rows read as (N, T) views
+        R.compute_gae(tm["r"], tm["v"], tm["term"], gamma=0.99, lambda_=0.9, plan=Plan(32, 64, 4, env_div=8))

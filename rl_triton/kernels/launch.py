@@ -139,11 +139,18 @@ def _cap_option(maxnreg: int | None) -> dict:
 _PLAN_CONSTEXPRS = ("GROUPED", "EXACT_T", "TDIV", "TM", "WHOLE", "PIECES", "SHIFT", "PI_TILE")
 
 
-def check_plan(plan: Plan, kind: str, t: int, time_major: bool) -> None:
-    """Raises ValueError for a plan the kernels of ``kind`` cannot run on rows of ``t`` steps."""
+def check_plan(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype, time_major: bool) -> None:
+    """Raises ValueError for a plan the kernels of ``kind`` cannot run on ``n`` rows of ``t`` steps of ``dtype``."""
 
     def bad(why: str):
-        raise ValueError(f"plan {plan} cannot launch {kind} on rows of {t} steps: {why}")
+        raise ValueError(f"plan {plan} cannot launch {kind} on {n} rows of {t} steps: {why}")
+
+    if plan.chunks_per_block < 1 or plan.window < 1 or plan.warps < 1:
+        bad("chunks_per_block, window and warps must be positive")
+    if time_major and (plan.env_div < 1 or n % plan.env_div):
+        bad(f"env_div={plan.env_div} does not divide the {n} envs")
+    if time_major and plan.split is Split.LOOKBACK and plan.bn > 1 and dtype == torch.float64:
+        bad("the look-back over blocks of time-major envs publishes float32 aggregates: not float64")
 
     if plan.bn < 1 or plan.bt < 4 or plan.bt & (plan.bt - 1) or plan.bn & (plan.bn - 1):
         bad("bn must be a power of two and bt a power of two >= 4")
@@ -215,7 +222,7 @@ def _start(p, kind: str, kernel, key: tuple, constexprs: dict, args: tuple, plan
             n, t = p.num_envs, p.seq_len
             plan = plans.choose(kind, n, t, p.dtype, time_major=p.time_major, num_actions=p.num_actions or 0)
         else:
-            check_plan(plan, kind, p.seq_len, p.time_major)
+            check_plan(plan, kind, p.num_envs, p.seq_len, p.dtype, p.time_major)
         launch = _build(kernel, plan, p, constexprs(), p.plans is not None)
         if p.plans is not None:
             p.plans[key] = launch
