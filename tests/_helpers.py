@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+import math
+from dataclasses import dataclass
+
 import pytest
 import torch
 
+import rl_triton
 from tests import reference
 
 # Tolerances sit next to the dtype: (dtype, atol, rtol). atol is relative to the largest
@@ -28,22 +33,29 @@ FLAG_DTYPES = [
     pytest.param(torch.float32, id="float32"),
 ]
 
-# (N, T) for batched calls, (T,) for 1-D calls. Interpreted kernels are slow, so all but one
-# stay at or below ~2000 elements.
-SHAPES = [
-    pytest.param((1, 1), id="N1-T1"),
-    pytest.param((1, 2), id="N1-T2"),
-    pytest.param((5, 63), id="N5-T63"),
-    pytest.param((17, 127), id="N17-T127"),
-    pytest.param((2, 129), id="N2-T129"),
-    pytest.param((8, 256), id="N8-T256"),
-    pytest.param((1, 1031), id="N1-T1031"),
-    pytest.param((1,), id="T1-1d"),
-    pytest.param((63,), id="T63-1d"),
-]
+# (N, T) for batched calls, (T,) for 1-D calls: T = 1 and 2, primes and odd sizes around the block
+# edges, one row of 1031 steps. Interpreted kernels are slow, so all but one stay at or below ~2000
+# elements.
+SHAPES = [(1, 1), (1, 2), (5, 63), (17, 127), (2, 129), (8, 256), (1, 1031), (1,), (63,)]
 
 # Where the done flags sit: none, every step, only t=0, only t=T-1, or random.
 PATTERNS = ["none", "all", "first", "last", "random"]
+
+# The kernel paths this machine has, for tests of kernel mechanisms: ``@kernel_paths`` narrows the ``path``
+# fixture to them (the PyTorch path is not generated; tests/conftest.py's ``kernel_path`` fixture is the
+# same on CPU but leaves CUDA out under the interpreter).
+KERNEL_PATHS = [
+    name for name, runs in (("interpret", rl_triton.INTERPRET), ("cuda", torch.cuda.is_available())) if runs
+]
+kernel_paths = pytest.mark.parametrize("path", KERNEL_PATHS, indirect=True)
+# The paths on CPU tensors (the PyTorch path and, when it is on, Triton's interpreter): ``@cpu_paths``.
+CPU_PATHS = ["torch", *(["interpret"] if rl_triton.INTERPRET else [])]
+cpu_paths = pytest.mark.parametrize("path", CPU_PATHS, indirect=True)
+
+
+def cuda_path(fn):
+    """Runs the test on the CUDA path only; not collected without a GPU (the ``cuda`` marker)."""
+    return pytest.mark.cuda(pytest.mark.parametrize("path", ["cuda"], indirect=True)(fn))
 
 
 def env_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -87,6 +99,22 @@ def term_trunc(shape, p_term: float = 0.1, p_trunc: float = 0.1) -> tuple[torch.
     """Disjoint random termination / truncation masks."""
     u = torch.rand(shape)
     return u < p_term, (u >= p_term) & (u < p_term + p_trunc)
+
+
+def flag_masks(shape, dones: str = "random", p: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(terminated, truncated) masks laid out by `dones`: "random" (disjoint, each with probability
+    `p`), "both" (independent, 30% each, so some steps are both), "none", or "term-<pattern>" /
+    "trunc-<pattern>" (one kind of flag laid out by pattern_mask, the other none)."""
+    if dones == "random":
+        return term_trunc(shape, p, p)
+    if dones == "both":
+        return torch.rand(shape) < 0.3, torch.rand(shape) < 0.3
+    zeros = torch.zeros(shape, dtype=torch.bool)
+    if dones == "none":
+        return zeros, zeros
+    which, pattern = dones.split("-")
+    mask = pattern_mask(shape, pattern)
+    return (mask, zeros) if which == "term" else (zeros, mask)
 
 
 def boundary_values(trunc: torch.Tensor, dtype=torch.float32, device="cpu", scale: float = 1.0) -> torch.Tensor:
@@ -159,8 +187,6 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, r
 def check(name: str, *args, atol: float, rtol: float, **kwargs):
     """Runs rl_triton.<name> and tests.reference.<name> on the same inputs and compares: values,
     shape, dtype (the inputs' float dtype), device (the inputs' device), inputs left unmodified."""
-    import rl_triton
-
     out = call_unmutated(getattr(rl_triton, name), *args, **kwargs)
     ref = getattr(reference, name)(*args, **kwargs)
     dtype = _float_dtype(args, kwargs)
@@ -194,16 +220,115 @@ def equal_results(a, b, atol: float = 0.0, rtol: float = 0.0):
         torch.testing.assert_close(x, y, atol=atol, rtol=rtol)
 
 
-def check_non_contiguous(name: str, args, kwargs, how: str) -> None:
+def check_non_contiguous(name: str, args, kwargs, how: str, tol: dict = F32_TOL) -> None:
     """rl_triton.<name> on non-contiguous views of every tensor input: it passes the reference
     check and equals the call on the contiguous inputs."""
-    import rl_triton
-
     expected = getattr(rl_triton, name)(*args, **kwargs)
     nc_args = [non_contiguous(a, how) for a in args]
     nc_kwargs = {k: non_contiguous(v, how) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    out = check(name, *nc_args, **nc_kwargs, **F32_TOL)[0]
+    out = check(name, *nc_args, **nc_kwargs, **tol)[0]
     equal_results(out, expected, atol=1e-6, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# Case tables: each function's test file lists its calls as rows (`case(...)`), and one test runs every
+# row on every backend path against the float64 reference (`check_case`).
+
+# The tolerances of FLOAT_DTYPES by dtype, and the short names the case ids use.
+TOLERANCES = {p.values[0]: {"atol": p.values[1], "rtol": p.values[2]} for p in FLOAT_DTYPES}
+DTYPE_IDS = {p.values[0]: p.id for p in FLOAT_DTYPES}
+FLAG_IDS = {torch.bool: "bool", torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64"} | DTYPE_IDS
+
+# How options appear in case ids: gamma=0 -> "g0", lambda_=0.9 -> "l.9", num_actions=7 -> "A7"...
+_OPTION_IDS = {"gamma": "g", "lambda_": "l", "rho_bar": "rho", "c_bar": "c", "num_actions": "A"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of a case table: the call's shape, its bootstrap form (`variant`, the file's make_case
+    reads it; "" is the file's default), float dtype (tolerances from TOLERANCES), flag dtype, where
+    the flags sit (`dones`, see flag_masks), the layout of the inputs ("contiguous", or a view of
+    non_contiguous's "stride" / "transpose"), the probability of random flags (None: make_case's
+    default), and further options (hyper-parameters, per-function switches) as (name, value) pairs."""
+
+    shape: tuple[int, ...]
+    variant: str = ""
+    dtype: torch.dtype = torch.float32
+    flag_dtype: torch.dtype = torch.bool
+    dones: str = "random"
+    layout: str = "contiguous"
+    p: float | None = None
+    options: tuple = ()
+
+    @property
+    def tol(self) -> dict:
+        return TOLERANCES[self.dtype]
+
+
+def shape_id(shape) -> str:
+    """(5, 63) -> "N5-T63", (63,) -> "T63-1d"."""
+    return f"T{shape[0]}-1d" if len(shape) == 1 else f"N{shape[0]}-T{shape[1]}"
+
+
+def _value_id(v) -> str:
+    if isinstance(v, bool):
+        return ""
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf"
+        return f"{v:g}".removeprefix("0") if 0 < v < 1 else f"{v:g}"
+    return str(v)
+
+
+def case_id(c: Case) -> str:
+    parts = [shape_id(c.shape)]
+    if c.variant:
+        parts.append(c.variant)
+    if c.dtype != torch.float32:
+        parts.append(DTYPE_IDS[c.dtype])
+    if c.flag_dtype != torch.bool:
+        parts.append(f"flags-{FLAG_IDS[c.flag_dtype]}")
+    if c.dones != "random":
+        parts.append(c.dones)
+    if c.layout != "contiguous":
+        parts.append(c.layout)
+    for k, v in c.options:
+        if isinstance(v, bool):
+            parts.append(k if v else f"no{k}")
+        elif isinstance(v, str):
+            parts.append(v)
+        else:
+            parts.append(f"{_OPTION_IDS.get(k, k)}{_value_id(v)}")
+    return "-".join(parts)
+
+
+def case(shape, variant: str = "", *, dtype=torch.float32, flag_dtype=torch.bool, dones="random", layout="contiguous",
+         p=None, **options):  # fmt: skip
+    """A row of a case table, as a pytest.param with a readable id (e.g. "N5-T63-f16-flags-f16")."""
+    c = Case(tuple(shape), variant, dtype, flag_dtype, dones, layout, p, tuple(options.items()))
+    return pytest.param(c, id=case_id(c))
+
+
+def case_inputs(make, c: Case, device):
+    """(args, kwargs) of one row from a file's ``make_case(shape, *, device, dtype, flag_dtype, p,
+    dones[, variant], ...)``: the row's options that make_case takes go to it, the others (gamma,
+    lambda_...) override the call's keyword arguments."""
+    params = inspect.signature(make).parameters
+    own = {k: v for k, v in c.options if k in params}
+    if c.variant:
+        own["variant"] = c.variant
+    if c.p is not None:
+        own["p"] = c.p
+    args, kwargs = make(c.shape, device=device, dtype=c.dtype, flag_dtype=c.flag_dtype, dones=c.dones, **own)
+    kwargs.update((k, v) for k, v in c.options if k not in params)
+    return args, kwargs
+
+
+def check_case(name: str, c: Case, args, kwargs):
+    """rl_triton.<name> on one row's inputs against the float64 reference, in the row's layout."""
+    if c.layout == "contiguous":
+        return check(name, *args, **kwargs, **c.tol)
+    return check_non_contiguous(name, args, kwargs, c.layout, c.tol)
 
 
 # ------------------------------------------------------------------------------------------

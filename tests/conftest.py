@@ -1,8 +1,14 @@
-"""Shared fixtures: backend paths, NaN-poisoned allocations, per-test seeding.
+"""Shared fixtures: backend paths, NaN-poisoned allocations, per-test seeding; GPU-only tests
+collected only where there is a GPU.
 
 TRITON_INTERPRET must be set before triton (or rl_triton) is imported, so it is set here first:
 CI has no GPU, and the interpreter is what exercises the Triton kernels there. Set
 RL_TRITON_TEST_NO_INTERPRET=1 to run the compiled kernels on a GPU machine instead.
+
+Backend paths are generated only where they can run: ``torch`` always, ``interpret`` when Triton's
+interpreter is on, ``cuda`` when torch sees a CUDA GPU. Tests marked ``cuda`` (need a CUDA GPU) or
+``compiled`` (need compiled kernels on a CUDA GPU, not the interpreter) are deselected where that is
+missing, so a CPU run neither runs nor lists them as skips.
 """
 
 import os
@@ -19,6 +25,9 @@ import torch  # noqa: E402
 
 import rl_triton  # noqa: E402
 
+CUDA = torch.cuda.is_available()
+COMPILED = CUDA and not rl_triton.INTERPRET  # compiled kernels on the GPU
+
 
 @dataclass(frozen=True)
 class Path:
@@ -33,23 +42,26 @@ class Path:
         return self.backend == "triton"
 
 
-PATHS = ("torch", "interpret", "cuda")
+_ALL_PATHS = {
+    "torch": Path("torch", "torch", torch.device("cpu")),
+    "interpret": Path("interpret", "triton", torch.device("cpu")),
+    "cuda": Path("cuda", "triton", torch.device("cuda")),
+}
+# The paths this machine runs (the default parameters of ``path``).
+PATHS = tuple(name for name, on in (("torch", True), ("interpret", rl_triton.INTERPRET), ("cuda", CUDA)) if on)
 
 
 @pytest.fixture(params=PATHS)
 def path(request):
-    """Runs the test on each backend path; yields a Path with the device to put inputs on."""
+    """Runs the test on each backend path; yields a Path with the device to put inputs on. A test may
+    narrow it with ``@pytest.mark.parametrize("path", [...], indirect=True)``; a path named there that
+    this machine cannot run is skipped."""
     name = request.param
     if name == "interpret" and not rl_triton.INTERPRET:
         pytest.skip("Triton interpreter not enabled (TRITON_INTERPRET=1 was not set before import)")
-    if name == "cuda" and not torch.cuda.is_available():
+    if name == "cuda" and not CUDA:
         pytest.skip("CUDA is not available")
-    if name == "torch":
-        p = Path(name, "torch", torch.device("cpu"))
-    elif name == "interpret":
-        p = Path(name, "triton", torch.device("cpu"))
-    else:
-        p = Path(name, "triton", torch.device("cuda"))
+    p = _ALL_PATHS[name]
     with rl_triton.use_backend(p.backend):
         yield p
 
@@ -67,10 +79,22 @@ KERNEL_PATHS = [
 @pytest.fixture(params=KERNEL_PATHS)
 def kernel_path(request):
     """Runs the test on each kernel path of this machine (never collected where there is none)."""
-    cpu = request.param == "interpret"
-    p = Path(request.param, "triton", torch.device("cpu" if cpu else "cuda"))
+    p = _ALL_PATHS[request.param]
     with rl_triton.use_backend("triton"):
         yield p
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselects the ``cuda`` and ``compiled`` tests this machine cannot run (they are not skips)."""
+    missing = [name for name, ok in (("cuda", CUDA), ("compiled", COMPILED)) if not ok]
+    if not missing:
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if any(item.get_closest_marker(m) for m in missing) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(autouse=True)

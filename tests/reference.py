@@ -6,7 +6,9 @@ requires grad, so autograd through these loops gives reference gradients. Flags 
 0/1 integers ("nonzero means set"). Probabilities and log-probabilities are constants (detached),
 as the API specifies.
 
-The signatures match the public API; results are float64 tensors (1-D for 1-D calls).
+The signatures match the public API; results are float64 tensors (1-D for 1-D calls). ``plan`` (the
+kernel path's launch plan) is accepted and ignored, so one call's keyword arguments, a plan among them,
+run both here and in the package (tests._helpers.check); a plan never changes what is computed.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def _boot(boot, last, n: int, t: int, T: int):
 
 
 def compute_gae(
-    rewards, values, terminateds, truncateds=None, *, gamma, lambda_, bootstrap_values=None, last_value=None
+    rewards, values, terminateds, truncateds=None, *, gamma, lambda_, bootstrap_values=None, last_value=None, plan=None
 ):
     gamma, lam = _scalar(gamma), _scalar(lambda_)
     _check_unit("gamma", gamma)
@@ -144,6 +146,7 @@ def compute_vtrace(
     c_bar=1.0,
     bootstrap_values=None,
     last_value=None,
+    plan=None,
 ):
     gamma, rho_bar, c_bar = _scalar(gamma), _scalar(rho_bar), _scalar(c_bar)
     _check_unit("gamma", gamma)
@@ -200,6 +203,7 @@ def compute_retrace(
     c_bar=1.0,
     rho_bar=1.0,
     next_action_probs_target=None,
+    plan=None,
 ):
     gamma, lam, c_bar, rho_bar = _scalar(gamma), _scalar(lambda_), _scalar(c_bar), _scalar(rho_bar)
     _check_unit("gamma", gamma)
@@ -247,7 +251,7 @@ def compute_retrace(
     return _assemble(q_targets, N, T, one_d), _assemble(adv, N, T, one_d)
 
 
-def compute_discounted_returns(rewards, terminateds, truncateds=None, *, gamma, bootstrap_values=None):
+def compute_discounted_returns(rewards, terminateds, truncateds=None, *, gamma, bootstrap_values=None, plan=None):
     gamma = _scalar(gamma)
     _check_unit("gamma", gamma)
     N, T, one_d = _shape(rewards)
@@ -269,7 +273,7 @@ def compute_discounted_returns(rewards, terminateds, truncateds=None, *, gamma, 
 
 
 def compute_lambda_returns(
-    rewards, next_values, terminateds, truncateds=None, *, gamma, lambda_, bootstrap_values=None
+    rewards, next_values, terminateds, truncateds=None, *, gamma, lambda_, bootstrap_values=None, plan=None
 ):
     gamma, lam = _scalar(gamma), _scalar(lambda_)
     _check_unit("gamma", gamma)
@@ -299,7 +303,7 @@ def compute_lambda_returns(
     return _assemble(out, N, T, one_d)
 
 
-def compute_eligibility_traces(gradients, dones, *, gamma, lambda_, seed_values=None):
+def compute_eligibility_traces(gradients, dones, *, gamma, lambda_, seed_values=None, plan=None):
     gamma, lam = _scalar(gamma), _scalar(lambda_)
     _check_unit("gamma", gamma)
     _check_unit("lambda_", lam)
@@ -319,7 +323,7 @@ def compute_eligibility_traces(gradients, dones, *, gamma, lambda_, seed_values=
     return _assemble(out, N, T, one_d)
 
 
-def compute_episodic_prefix_sum(inputs, dones, *, boundary="ends_at", seed_values=None):
+def compute_episodic_prefix_sum(inputs, dones, *, boundary="ends_at", seed_values=None, plan=None):
     if boundary not in ("ends_at", "starts_at"):
         raise ValueError(f"unknown boundary {boundary!r}")
     N, T, one_d = _shape(inputs)

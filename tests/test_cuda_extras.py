@@ -1,7 +1,7 @@
 """GPU-only checks of the performance issue's correctness conditions: CUDA-graph capture, no
 recompilation within a size class, the launch fast path (cached plans and compiled kernels) with new
 data, new hyper-parameters, misaligned inputs and launch hooks, and inputs above 2^31 elements (int64
-indexing; opt-in, slow). All skip without CUDA."""
+indexing; opt-in, slow). Marked ``compiled``: not collected without a CUDA GPU or under the interpreter."""
 
 import os
 
@@ -14,7 +14,7 @@ from tests import reference
 from tests._helpers import equal_results
 from tests.test_multiblock import CALLS, _inputs
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="needs a CUDA GPU, compiled kernels")
+cuda = pytest.mark.compiled  # needs a CUDA GPU, compiled kernels (tests/conftest.py deselects it otherwise)
 
 
 @cuda

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rl_triton
-from tests._helpers import FUNCTIONS, env_shape, n_outputs, valid_kwargs
+from tests._helpers import FUNCTIONS, cpu_paths, env_shape, n_outputs, valid_kwargs
 
 SHORT = {
     "compute_gae": "gae",
@@ -252,9 +252,8 @@ def test_unknown_boundary(path, boundary):
 
 
 @pytest.mark.parametrize("bad", [-1, 4, 100])
+@cpu_paths  # actions are range-checked on CPU tensors (no host sync on GPU)
 def test_retrace_actions_out_of_range(path, bad):
-    if path.device.type != "cpu":
-        pytest.skip("actions are range-checked on CPU tensors (no host sync on GPU)")
     kwargs = valid_kwargs("compute_retrace", SHAPE, num_actions=4, device=path.device)
     kwargs["actions"] = kwargs["actions"].clone()
     kwargs["actions"][1, 2] = bad
@@ -270,10 +269,9 @@ def test_retrace_actions_must_be_integer(path, dtype):
         call("compute_retrace", kwargs)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("fn, lv, arg", _tensor_args())
 def test_device_mismatch_names_argument(fn, lv, arg):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     kwargs = valid_kwargs(fn, SHAPE, device="cuda", last_value=lv)
     kwargs[arg] = kwargs[arg].cpu()
     with rl_triton.use_backend("triton"), pytest.raises(ValueError, match=named(arg)):

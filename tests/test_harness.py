@@ -8,7 +8,7 @@ import torch
 
 import rl_triton
 from tests import reference
-from tests._helpers import FUNCTIONS, check, valid_kwargs
+from tests._helpers import CPU_PATHS, FUNCTIONS, KERNEL_PATHS, check, valid_kwargs
 
 
 def test_empty_is_poisoned_for_floats():
@@ -36,6 +36,25 @@ def test_public_api_signatures_match_reference():
 
 def test_path_fixture_sets_backend(path):
     assert rl_triton.current_backend() == path.backend
+
+
+def test_only_runnable_paths_are_generated():
+    """The ``path`` fixture's parameters are the paths this machine runs (no skipped CUDA cases on a CPU
+    machine); KERNEL_PATHS and CPU_PATHS are the kernel and the CPU-tensor ones among them."""
+    from tests import conftest
+
+    cuda = torch.cuda.is_available()
+    assert conftest.PATHS == tuple(
+        name for name, on in (("torch", True), ("interpret", rl_triton.INTERPRET), ("cuda", cuda)) if on
+    )
+    assert KERNEL_PATHS == [p for p in conftest.PATHS if p != "torch"]
+    assert CPU_PATHS == [p for p in conftest.PATHS if p != "cuda"]
+
+
+@pytest.mark.cuda
+def test_cuda_marker_is_deselected_without_cuda():
+    """Collected only where there is a GPU (tests/conftest.py deselects ``cuda`` tests elsewhere)."""
+    assert torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)

@@ -6,6 +6,7 @@ import torch
 
 import rl_triton as R
 from rl_triton import _validation
+from tests._helpers import kernel_paths
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +63,7 @@ def test_non_contiguous_and_cpu_actions_are_never_cached():
         R.compute_retrace(*args, torch.full((2, 5), 3), *flags, gamma=0.9, lambda_=0.9)
 
 
+@kernel_paths
 def test_the_entry_keeps_launch_plans_dropped_when_a_launch_knob_changes(path):
     """On the kernel path a cached signature keeps its launch plans (kernels/launch.py); setting any
     attribute of the launch module (its tuning knobs) drops them with the whole cache."""

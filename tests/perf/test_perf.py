@@ -1,4 +1,4 @@
-"""Performance targets on a CUDA GPU (marked ``perf``; everything here is skipped without CUDA, so
+"""Performance targets on a CUDA GPU (marked ``perf``; not collected without CUDA, so
 CI -- CPU only -- never runs it).
 
 * ``test_speedup``: one configuration per function, 4096 envs x 2048 steps, float32: rl_triton's
@@ -22,10 +22,7 @@ import os
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.perf,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="perf: needs a CUDA GPU"),
-]
+pytestmark = [pytest.mark.perf, pytest.mark.cuda]  # not collected without CUDA (tests/conftest.py)
 
 SHAPE = (4096, 2048)
 # function -> [(baseline, minimum speedup of rl_triton's full call over the baseline's)]

@@ -1,4 +1,4 @@
-"""The performance issue's kernel targets on a CUDA GPU (marked ``perf``; skipped without CUDA):
+"""The performance issue's kernel targets on a CUDA GPU (marked ``perf``; not collected without CUDA):
 fraction of a device-to-device copy at the large, long and short shapes, absolute kernel times at
 1x1,048,576, 32,768x8 and 4096x128, and the bfloat16 speedup at the large shapes. The targets are the
 issue's; the ones that missed in the committed H200 table (benchmarks/results/targets_h200.json,
@@ -12,14 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests._helpers import FUNCTIONS
 
-pytestmark = [
-    pytest.mark.perf,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="perf: needs a CUDA GPU"),
-]
+pytestmark = [pytest.mark.perf, pytest.mark.cuda]  # not collected without CUDA (tests/conftest.py)
 
 TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "targets_h200.json"
 
