@@ -6,13 +6,11 @@ import torch
 import rl_triton
 from tests import reference
 from tests._helpers import (
-    F32_TOL,
-    FLAG_DTYPES,
-    FLOAT_DTYPES,
-    PATTERNS,
+    DTYPE_IDS,
     SHAPES,
-    check,
-    check_non_contiguous,
+    case,
+    case_inputs,
+    check_case,
     env_shape,
     golden,
     pattern_mask,
@@ -23,37 +21,42 @@ from tests._helpers import (
 FN = "compute_eligibility_traces"
 
 
-def make_case(shape, *, device="cpu", dtype=torch.float32, flag_dtype=torch.bool, pattern="random", seed=True):
-    args = [randn(shape, dtype, device), to_flags(pattern_mask(shape, pattern), flag_dtype, device)]
+def make_case(shape, *, device="cpu", dtype=torch.float32, flag_dtype=torch.bool, p=0.15, dones="random", seed=True):
+    """dones: where the done flags sit (tests._helpers.pattern_mask's patterns, "random" with
+    probability p); seed: with seed_values."""
+    args = [randn(shape, dtype, device), to_flags(pattern_mask(shape, dones, p), flag_dtype, device)]
     kwargs = {"gamma": 0.97, "lambda_": 0.9}
     if seed:
         kwargs["seed_values"] = randn(env_shape(shape), dtype, device, scale=3.0)
     return args, kwargs
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_shapes(path, shape):
-    args, kwargs = make_case(shape, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
+# The case table: every row on every backend path against the float64 reference (see test_gae.py).
+# Rows have seed_values unless "noseed".
+CASES = [
+    # Shapes: T = 1 and 2, primes and odd sizes, one long row, 1-D calls.
+    *(case(s) for s in SHAPES),
+    # Without seed_values, batched and 1-D.
+    *(case(s, seed=False) for s in ((3, 33), (33,))),
+    # Where the dones sit: none, every step, t = 0, t = T-1 (random: the other rows).
+    *(case((4, 16), dones=at) for at in ("none", "all", "first", "last")),
+    # Integer flag dtypes (bool is most rows', float flags the float dtype rows').
+    *(case((3, 40), flag_dtype=f) for f in (torch.uint8, torch.int32, torch.int64)),
+    # Float dtypes with flags of the same dtype.
+    *(case(s, dtype=d, flag_dtype=d) for d in DTYPE_IDS for s in ((5, 63), (2, 300))),
+    # Non-contiguous views of every input (they also equal the call on contiguous copies).
+    case((5, 37), layout="stride"),
+    case((5, 37), layout="transpose"),
+    # gamma and lambda at their bounds.
+    case((3, 50), gamma=0.0, lambda_=0.9),
+    case((3, 50), gamma=1.0, lambda_=1.0),
+    case((3, 50), gamma=0.9, lambda_=0.0),
+]
 
 
-@pytest.mark.parametrize("seed", [True, False], ids=["seed", "noseed"])
-@pytest.mark.parametrize("shape", [pytest.param((3, 33), id="N3-T33"), pytest.param((33,), id="T33-1d")])
-def test_seed_values(path, shape, seed):
-    args, kwargs = make_case(shape, device=path.device, seed=seed)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("pattern", PATTERNS)
-def test_flag_patterns(path, pattern):
-    args, kwargs = make_case((4, 16), device=path.device, pattern=pattern)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("flag_dtype", FLAG_DTYPES)
-def test_flag_dtypes(path, flag_dtype):
-    args, kwargs = make_case((3, 40), device=path.device, flag_dtype=flag_dtype)
-    check(FN, *args, **kwargs, **F32_TOL)
+@pytest.mark.parametrize("c", CASES)
+def test_matches_reference(path, c):
+    check_case(FN, c, *case_inputs(make_case, c, path.device))
 
 
 def test_nonzero_flag_means_set(path):
@@ -63,25 +66,6 @@ def test_nonzero_flag_means_set(path):
     torch.testing.assert_close(rl_triton.compute_eligibility_traces(*args, **kwargs), expected)
     args[1] = (args[1] > 0).float() * -0.5
     torch.testing.assert_close(rl_triton.compute_eligibility_traces(*args, **kwargs), expected)
-
-
-@pytest.mark.parametrize("dtype, atol, rtol", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300")])
-def test_float_dtypes(path, shape, dtype, atol, rtol):
-    args, kwargs = make_case(shape, device=path.device, dtype=dtype, flag_dtype=dtype)
-    check(FN, *args, **kwargs, atol=atol, rtol=rtol)
-
-
-@pytest.mark.parametrize("how", ["stride", "transpose"])
-def test_non_contiguous(path, how):
-    check_non_contiguous(FN, *make_case((5, 37), device=path.device), how)
-
-
-@pytest.mark.parametrize("gamma, lambda_", [(0.0, 0.9), (1.0, 1.0), (0.9, 0.0)], ids=["g0", "g1-l1", "l0"])
-def test_gamma_lambda_edges(path, gamma, lambda_):
-    args, kwargs = make_case((3, 50), device=path.device)
-    kwargs.update(gamma=gamma, lambda_=lambda_)
-    check(FN, *args, **kwargs, **F32_TOL)
 
 
 # ------------------------------------------------------------------------------------------

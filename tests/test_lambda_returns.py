@@ -6,28 +6,28 @@ import torch
 import rl_triton
 from tests import reference
 from tests._helpers import (
-    F32_TOL,
-    FLAG_DTYPES,
-    FLOAT_DTYPES,
-    PATTERNS,
+    DTYPE_IDS,
     SHAPES,
     boundary_values,
-    check,
-    check_non_contiguous,
+    case,
+    case_inputs,
+    check_case,
+    flag_masks,
     golden,
-    pattern_mask,
     randn,
-    term_trunc,
     to_flags,
 )
 
 FN = "compute_lambda_returns"
 
 
-def make_case(shape, *, device="cpu", dtype=torch.float32, flag_dtype=torch.bool, variant="trunc", p=0.1):
+def make_case(
+    shape, *, device="cpu", dtype=torch.float32, flag_dtype=torch.bool, variant="trunc", p=0.1, dones="random"
+):
     """variant: "trunc" (truncateds + bootstrap_values), "boot" (bootstrap at the window end only),
-    "trunc-noboot" (truncateds, no bootstrap: X_t = 0 at truncated steps), "plain"."""
-    term, trunc = term_trunc(shape, p, p)
+    "trunc-noboot" (truncateds, no bootstrap: X_t = 0 at truncated steps), "plain"; dones: where the
+    flags sit (tests._helpers.flag_masks)."""
+    term, trunc = flag_masks(shape, dones, p)
     args = [randn(shape, dtype, device), randn(shape, dtype, device), to_flags(term, flag_dtype, device)]
     kwargs = {"gamma": 0.97, "lambda_": 0.9}
     if variant in ("trunc", "trunc-noboot"):
@@ -39,83 +39,37 @@ def make_case(shape, *, device="cpu", dtype=torch.float32, flag_dtype=torch.bool
     return args, kwargs
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_shapes(path, shape):
-    args, kwargs = make_case(shape, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
+# The case table: every row on every backend path against the float64 reference (see test_gae.py).
+# Without a variant a row truncates with bootstrap values ("trunc").
+CASES = [
+    # Shapes: T = 1 and 2, primes and odd sizes, one long row, 1-D calls.
+    *(case(s) for s in SHAPES),
+    # The other bootstrap forms, batched and 1-D.
+    *(case(s, v) for v in ("boot", "trunc-noboot", "plain") for s in ((3, 33), (33,))),
+    # Where the flags sit: none; terminations or truncations (with bootstrap values, or without: X_t = 0
+    # there) at every step, t = 0, t = T-1 or at random; steps both terminated and truncated.
+    case((4, 16), dones="none"),
+    *(case((4, 16), dones=f"{k}-{at}") for k in ("term", "trunc") for at in ("all", "first", "last", "random")),
+    *(case((4, 16), "trunc-noboot", dones=f"trunc-{at}") for at in ("all", "first", "last", "random")),
+    case((3, 30), dones="both", gamma=0.9, lambda_=0.6),
+    # Integer flag dtypes (bool is most rows', float flags the float dtype rows').
+    *(case((3, 40), flag_dtype=f, p=0.2) for f in (torch.uint8, torch.int32, torch.int64)),
+    # Float dtypes with flags of the same dtype.
+    *(case(s, dtype=d, flag_dtype=d) for d in DTYPE_IDS for s in ((5, 63), (2, 300))),
+    # Non-contiguous views of every input (they also equal the call on contiguous copies).
+    case((5, 37), layout="stride"),
+    case((5, 37), layout="transpose"),
+    # gamma and lambda at their bounds.
+    case((3, 50), gamma=0.0, lambda_=0.9),
+    case((3, 50), gamma=1.0, lambda_=1.0),
+    case((3, 50), gamma=0.9, lambda_=0.0),
+    case((3, 50), gamma=0.9, lambda_=1.0),
+]
 
 
-@pytest.mark.parametrize("variant", ["trunc", "boot", "trunc-noboot", "plain"])
-@pytest.mark.parametrize("shape", [pytest.param((3, 33), id="N3-T33"), pytest.param((33,), id="T33-1d")])
-def test_variants(path, shape, variant):
-    args, kwargs = make_case(shape, device=path.device, variant=variant)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("which", ["term", "trunc", "trunc-noboot"])
-@pytest.mark.parametrize("pattern", PATTERNS)
-def test_flag_patterns(path, pattern, which):
-    shape = (4, 16)
-    mask = pattern_mask(shape, pattern)
-    zeros = torch.zeros(shape, dtype=torch.bool)
-    term, trunc = (mask, zeros) if which == "term" else (zeros, mask)
-    d = path.device
-    kwargs = {} if which == "trunc-noboot" else {"bootstrap_values": boundary_values(trunc, device=d)}
-    check(
-        FN,
-        randn(shape, device=d),
-        randn(shape, device=d),
-        to_flags(term, device=d),
-        to_flags(trunc, device=d),
-        gamma=0.95,
-        lambda_=0.8,
-        **kwargs,
-        **F32_TOL,
-    )
-
-
-@pytest.mark.parametrize("flag_dtype", FLAG_DTYPES)
-def test_flag_dtypes(path, flag_dtype):
-    args, kwargs = make_case((3, 40), device=path.device, flag_dtype=flag_dtype, p=0.2)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("dtype, atol, rtol", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300")])
-def test_float_dtypes(path, shape, dtype, atol, rtol):
-    args, kwargs = make_case(shape, device=path.device, dtype=dtype, flag_dtype=dtype)
-    check(FN, *args, **kwargs, atol=atol, rtol=rtol)
-
-
-@pytest.mark.parametrize("how", ["stride", "transpose"])
-def test_non_contiguous(path, how):
-    check_non_contiguous(FN, *make_case((5, 37), device=path.device), how)
-
-
-@pytest.mark.parametrize(
-    "gamma, lambda_", [(0.0, 0.9), (1.0, 1.0), (0.9, 0.0), (0.9, 1.0)], ids=["g0", "g1-l1", "l0", "l1"]
-)
-def test_gamma_lambda_edges(path, gamma, lambda_):
-    args, kwargs = make_case((3, 50), device=path.device)
-    kwargs.update(gamma=gamma, lambda_=lambda_)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-def test_term_and_trunc_both_set(path):
-    shape = (3, 30)
-    d = path.device
-    term, trunc = torch.rand(shape) < 0.3, torch.rand(shape) < 0.3
-    check(
-        FN,
-        randn(shape, device=d),
-        randn(shape, device=d),
-        to_flags(term, device=d),
-        to_flags(trunc, device=d),
-        gamma=0.9,
-        lambda_=0.6,
-        bootstrap_values=boundary_values(trunc, device=d),
-        **F32_TOL,
-    )
+@pytest.mark.parametrize("c", CASES)
+def test_matches_reference(path, c):
+    check_case(FN, c, *case_inputs(make_case, c, path.device))
 
 
 # ------------------------------------------------------------------------------------------

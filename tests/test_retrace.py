@@ -6,18 +6,20 @@ import torch
 import rl_triton
 from tests import reference
 from tests._helpers import (
+    DTYPE_IDS,
     F32_TOL,
-    FLAG_DTYPES,
     FLOAT_DTYPES,
-    PATTERNS,
     SHAPES,
+    case,
+    case_inputs,
     check,
-    check_non_contiguous,
+    check_case,
+    cuda_path,
+    flag_masks,
     golden,
-    pattern_mask,
+    kernel_paths,
     probs,
     randn,
-    term_trunc,
     to_flags,
 )
 
@@ -25,10 +27,19 @@ FN = "compute_retrace"
 
 
 def make_case(
-    shape, *, num_actions=4, device="cpu", dtype=torch.float32, flag_dtype=torch.bool, p=0.1, next_probs=False
+    shape,
+    *,
+    num_actions=4,
+    device="cpu",
+    dtype=torch.float32,
+    flag_dtype=torch.bool,
+    p=0.1,
+    next_probs=False,
+    dones="random",
 ):
-    """Inputs for one call: (N, T) or (T,) per-step tensors, (..., A) per-action ones."""
-    term, trunc = term_trunc(shape, p, p)
+    """Inputs for one call: (N, T) or (T,) per-step tensors, (..., A) per-action ones; dones: where
+    the flags sit (tests._helpers.flag_masks)."""
+    term, trunc = flag_masks(shape, dones, p)
     a_shape = (*shape, num_actions)
     target = probs(a_shape, torch.float64)
     behavior_all = probs(a_shape, torch.float64)
@@ -50,83 +61,44 @@ def make_case(
     return args, kwargs
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_shapes(path, shape):
-    args, kwargs = make_case(shape, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
+# The case table: every row on every backend path against the float64 reference (see test_gae.py).
+# Rows have 4 actions, lambda = 0.9 and c_bar = rho_bar = 1 unless given; next_probs: with
+# next_action_probs_target.
+CASES = [
+    # Shapes: T = 1 and 2, primes and odd sizes, one long row, 1-D calls.
+    *(case(s) for s in SHAPES),
+    # Numbers of actions.
+    *(case((3, 25), num_actions=a) for a in (1, 2, 7, 18)),
+    # next_action_probs_target, batched and 1-D.
+    *(case(s, next_probs=True) for s in ((3, 33), (33,))),
+    # lambda and the clipping levels.
+    case((3, 40), lambda_=1.0, c_bar=1.0, rho_bar=1.0),
+    case((3, 40), lambda_=0.0, c_bar=1.0, rho_bar=1.0),
+    case((3, 40), lambda_=0.7, c_bar=0.5, rho_bar=2.0),
+    case((3, 40), lambda_=1.0, c_bar=2.0, rho_bar=0.5),
+    # Where the flags sit: none; terminations or truncations at every step, t = 0, t = T-1 or at random;
+    # steps both terminated and truncated.
+    case((4, 16), dones="none"),
+    *(case((4, 16), dones=f"{k}-{at}") for k in ("term", "trunc") for at in ("all", "first", "last", "random")),
+    case((3, 30), dones="both"),
+    # Integer flag dtypes (bool is most rows', float flags the float dtype rows').
+    *(case((3, 40), flag_dtype=f, p=0.2) for f in (torch.uint8, torch.int32, torch.int64)),
+    # Float dtypes with flags of the same dtype. Rows of 300 and 1100 steps, 4 actions: the register-capped
+    # programs on the GPU (launch._SINGLE_CAPS: 2-byte dtypes at 512 steps per row, float32 and 2-byte dtypes
+    # walking 1024-step chunks).
+    *(case(s, dtype=d, flag_dtype=d, next_probs=True) for d in DTYPE_IDS for s in ((5, 63), (2, 300), (2, 1100))),
+    # Non-contiguous views of every input (they also equal the call on contiguous copies).
+    case((5, 37), layout="stride", next_probs=True),
+    case((5, 37), layout="transpose", next_probs=True),
+    # gamma at its bounds.
+    case((3, 50), gamma=0.0),
+    case((3, 50), gamma=1.0),
+]
 
 
-@pytest.mark.parametrize("num_actions", [1, 2, 7, 18])
-def test_num_actions(path, num_actions):
-    args, kwargs = make_case((3, 25), num_actions=num_actions, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("shape", [pytest.param((3, 33), id="N3-T33"), pytest.param((33,), id="T33-1d")])
-def test_next_action_probs_target(path, shape):
-    args, kwargs = make_case(shape, device=path.device, next_probs=True)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize(
-    "lambda_, c_bar, rho_bar",
-    [(1.0, 1.0, 1.0), (0.0, 1.0, 1.0), (0.7, 0.5, 2.0), (1.0, 2.0, 0.5)],
-    ids=["l1", "l0", "l.7-c.5-r2", "c2-r.5"],
-)
-def test_lambda_and_clipping(path, lambda_, c_bar, rho_bar):
-    args, kwargs = make_case((3, 40), device=path.device)
-    kwargs.update(lambda_=lambda_, c_bar=c_bar, rho_bar=rho_bar)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("which", ["term", "trunc"])
-@pytest.mark.parametrize("pattern", PATTERNS)
-def test_flag_patterns(path, pattern, which):
-    shape = (4, 16)
-    mask = pattern_mask(shape, pattern)
-    zeros = torch.zeros(shape, dtype=torch.bool)
-    term, trunc = (mask, zeros) if which == "term" else (zeros, mask)
-    args, kwargs = make_case(shape, device=path.device)
-    args[6], args[7] = to_flags(term, device=path.device), to_flags(trunc, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("flag_dtype", FLAG_DTYPES)
-def test_flag_dtypes(path, flag_dtype):
-    args, kwargs = make_case((3, 40), device=path.device, flag_dtype=flag_dtype, p=0.2)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("dtype, atol, rtol", FLOAT_DTYPES)
-@pytest.mark.parametrize(
-    "shape",
-    [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300"), pytest.param((2, 1100), id="N2-T1100")],
-)
-def test_float_dtypes(path, shape, dtype, atol, rtol):
-    """Rows of 300 and 1100 steps, 4 actions: the register-capped programs on the GPU (launch._SINGLE_CAPS:
-    2-byte dtypes at 512 steps per row, float32 and 2-byte dtypes walking 1024-step chunks)."""
-    args, kwargs = make_case(shape, device=path.device, dtype=dtype, flag_dtype=dtype, next_probs=True)
-    check(FN, *args, **kwargs, atol=atol, rtol=rtol)
-
-
-@pytest.mark.parametrize("how", ["stride", "transpose"])
-def test_non_contiguous(path, how):
-    check_non_contiguous(FN, *make_case((5, 37), device=path.device, next_probs=True), how)
-
-
-@pytest.mark.parametrize("gamma", [0.0, 1.0], ids=["g0", "g1"])
-def test_gamma_edges(path, gamma):
-    args, kwargs = make_case((3, 50), device=path.device)
-    kwargs["gamma"] = gamma
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-def test_term_and_trunc_both_set(path):
-    shape = (3, 30)
-    args, kwargs = make_case(shape, device=path.device)
-    args[6] = to_flags(torch.rand(shape) < 0.3, device=path.device)
-    args[7] = to_flags(torch.rand(shape) < 0.3, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
+@pytest.mark.parametrize("c", CASES)
+def test_matches_reference(path, c):
+    check_case(FN, c, *case_inputs(make_case, c, path.device))
 
 
 # ------------------------------------------------------------------------------------------
@@ -198,6 +170,7 @@ def test_golden(path):
         ("env-major", (70, 5), 3),
     ],
 )
+@kernel_paths
 def test_sweep_forms(path, monkeypatch, form, shape, num_actions):
     """Tile forms on shapes where the policy would not choose them: one action tile per binary digit
     of A for few actions (launch._RETRACE_PIECES_MIN_AP), env-major groups for short rows."""
@@ -247,6 +220,7 @@ def _env_variant(monkeypatch, variant):
 
 @pytest.mark.parametrize("variant", _ENV_VARIANTS, ids=lambda v: f"{v[0] or 'plain'}-{v[1]}-w{v[2]}")
 @pytest.mark.parametrize("shape, num_actions, next_probs", _ENV_CASES)
+@kernel_paths
 def test_env_major_variants(path, monkeypatch, variant, shape, num_actions, next_probs):
     if not path.is_kernel:
         pytest.skip("a kernel tile form")
@@ -260,6 +234,7 @@ def test_env_major_variants(path, monkeypatch, variant, shape, num_actions, next
 
 
 @pytest.mark.parametrize("variant", [("", 1024, 8), ("ESP", 1024, 4)], ids=["plain", "ESP"])
+@kernel_paths
 def test_env_major_variants_bfloat16(path, monkeypatch, variant):
     if not path.is_kernel:
         pytest.skip("a kernel tile form")
@@ -271,6 +246,7 @@ def test_env_major_variants_bfloat16(path, monkeypatch, variant):
 
 @pytest.mark.parametrize("variant", [("ESP", 1024, 8), ("ESP", 1024, 4)], ids=["ESP", "ESP-w4"])
 @pytest.mark.parametrize("shape", [(64, 8), (64, 4)], ids=["N64-T8", "N64-T4"])
+@cuda_path
 def test_env_major_variants_out_of_range_actions(path, monkeypatch, variant, shape):
     """On CUDA actions are not range-checked: with an action outside [0, A), the variants give what the
     plain env-major form gives (NaN where that has NaN), and the other envs' outputs are unaffected."""

@@ -8,20 +8,17 @@ import torch
 import rl_triton
 from tests import reference
 from tests._helpers import (
-    F32_TOL,
-    FLAG_DTYPES,
-    FLOAT_DTYPES,
-    PATTERNS,
+    DTYPE_IDS,
     SHAPES,
     boundary_values,
-    check,
-    check_non_contiguous,
+    case,
+    case_inputs,
+    check_case,
     env_shape,
     equal_results,
+    flag_masks,
     golden,
-    pattern_mask,
     randn,
-    term_trunc,
     to_flags,
 )
 
@@ -29,11 +26,21 @@ FN = "compute_vtrace"
 
 
 def make_case(
-    shape, *, device="cpu", dtype=torch.float32, flag_dtype=torch.bool, variant="trunc", p=0.1, rho_bar=1.0, c_bar=1.0
+    shape,
+    *,
+    device="cpu",
+    dtype=torch.float32,
+    flag_dtype=torch.bool,
+    variant="trunc",
+    p=0.1,
+    rho_bar=1.0,
+    c_bar=1.0,
+    dones="random",
 ):
     """Inputs for one call; variant as in test_gae ("trunc", "boot", "last_value", "trunc-noboot",
-    "plain"). Log-prob differences of ~N(0, 0.7) put ratios on both sides of the clipping levels."""
-    term, trunc = term_trunc(shape, p, p)
+    "plain"), dones: where the flags sit (tests._helpers.flag_masks). Log-prob differences of
+    ~N(0, 0.7) put ratios on both sides of the clipping levels."""
+    term, trunc = flag_masks(shape, dones, p)
     log_pi_b = randn(shape, dtype, device)
     log_pi_t = (log_pi_b.double().cpu() + torch.randn(shape, dtype=torch.float64) * 0.7).to(dtype).to(device)
     args = [
@@ -55,66 +62,39 @@ def make_case(
     return args, kwargs
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_shapes(path, shape):
-    args, kwargs = make_case(shape, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
+# The case table: every row on every backend path against the float64 reference (see test_gae.py).
+# Without a variant a row truncates with bootstrap values ("trunc"); rho_bar = c_bar = 1 unless given.
+CASES = [
+    # Shapes: T = 1 and 2, primes and odd sizes, one long row, 1-D calls.
+    *(case(s) for s in SHAPES),
+    # The other bootstrap forms, batched and 1-D.
+    *(case(s, v) for v in ("boot", "last_value", "trunc-noboot", "plain") for s in ((3, 33), (33,))),
+    # Clipping levels: rho_bar above 1, both below 1, unclipped, traces cut (c_bar = 0).
+    case((3, 40), rho_bar=2.0, c_bar=1.0),
+    case((3, 40), rho_bar=0.5, c_bar=0.8),
+    case((3, 40), rho_bar=math.inf, c_bar=math.inf),
+    case((3, 40), rho_bar=1.0, c_bar=0.0),
+    # Where the flags sit: none; terminations or truncations at every step, t = 0, t = T-1 or at random;
+    # steps both terminated and truncated.
+    case((4, 16), dones="none"),
+    *(case((4, 16), dones=f"{k}-{at}") for k in ("term", "trunc") for at in ("all", "first", "last", "random")),
+    case((3, 30), dones="both"),
+    # Integer flag dtypes (bool is most rows', float flags the float dtype rows').
+    *(case((3, 40), flag_dtype=f, p=0.2) for f in (torch.uint8, torch.int32, torch.int64)),
+    # Float dtypes with flags of the same dtype.
+    *(case(s, dtype=d, flag_dtype=d, rho_bar=1.5) for d in DTYPE_IDS for s in ((5, 63), (2, 300))),
+    # Non-contiguous views of every input (they also equal the call on contiguous copies).
+    case((5, 37), layout="stride"),
+    case((5, 37), layout="transpose"),
+    # gamma at its bounds.
+    case((3, 50), gamma=0.0),
+    case((3, 50), gamma=1.0),
+]
 
 
-@pytest.mark.parametrize("variant", ["trunc", "boot", "last_value", "trunc-noboot", "plain"])
-@pytest.mark.parametrize("shape", [pytest.param((3, 33), id="N3-T33"), pytest.param((33,), id="T33-1d")])
-def test_variants(path, shape, variant):
-    args, kwargs = make_case(shape, device=path.device, variant=variant)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize(
-    "rho_bar, c_bar",
-    [(1.0, 1.0), (2.0, 1.0), (0.5, 0.8), (math.inf, math.inf), (1.0, 0.0)],
-    ids=["r1-c1", "r2-c1", "r.5-c.8", "unclipped", "c0"],
-)
-def test_clipping(path, rho_bar, c_bar):
-    args, kwargs = make_case((3, 40), device=path.device, rho_bar=rho_bar, c_bar=c_bar)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("which", ["term", "trunc"])
-@pytest.mark.parametrize("pattern", PATTERNS)
-def test_flag_patterns(path, pattern, which):
-    shape = (4, 16)
-    mask = pattern_mask(shape, pattern)
-    zeros = torch.zeros(shape, dtype=torch.bool)
-    term, trunc = (mask, zeros) if which == "term" else (zeros, mask)
-    args, kwargs = make_case(shape, device=path.device)
-    args[4] = to_flags(term, device=path.device)
-    args[5] = to_flags(trunc, device=path.device)
-    kwargs["bootstrap_values"] = boundary_values(trunc, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("flag_dtype", FLAG_DTYPES)
-def test_flag_dtypes(path, flag_dtype):
-    args, kwargs = make_case((3, 40), device=path.device, flag_dtype=flag_dtype, p=0.2)
-    check(FN, *args, **kwargs, **F32_TOL)
-
-
-@pytest.mark.parametrize("dtype, atol, rtol", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [pytest.param((5, 63), id="N5-T63"), pytest.param((2, 300), id="N2-T300")])
-def test_float_dtypes(path, shape, dtype, atol, rtol):
-    args, kwargs = make_case(shape, device=path.device, dtype=dtype, flag_dtype=dtype, rho_bar=1.5)
-    check(FN, *args, **kwargs, atol=atol, rtol=rtol)
-
-
-@pytest.mark.parametrize("how", ["stride", "transpose"])
-def test_non_contiguous(path, how):
-    check_non_contiguous(FN, *make_case((5, 37), device=path.device), how)
-
-
-@pytest.mark.parametrize("gamma", [0.0, 1.0], ids=["g0", "g1"])
-def test_gamma_edges(path, gamma):
-    args, kwargs = make_case((3, 50), device=path.device)
-    kwargs["gamma"] = gamma
-    check(FN, *args, **kwargs, **F32_TOL)
+@pytest.mark.parametrize("c", CASES)
+def test_matches_reference(path, c):
+    check_case(FN, c, *case_inputs(make_case, c, path.device))
 
 
 def test_tensor_scalars(path):
@@ -122,15 +102,6 @@ def test_tensor_scalars(path):
     expected = rl_triton.compute_vtrace(*args, **kwargs)
     kwargs.update({k: torch.tensor(kwargs[k], dtype=torch.float64) for k in ("gamma", "rho_bar", "c_bar")})
     equal_results(rl_triton.compute_vtrace(*args, **kwargs), expected)
-
-
-def test_term_and_trunc_both_set(path):
-    shape = (3, 30)
-    args, kwargs = make_case(shape, device=path.device)
-    term, trunc = torch.rand(shape) < 0.3, torch.rand(shape) < 0.3
-    args[4], args[5] = to_flags(term, device=path.device), to_flags(trunc, device=path.device)
-    kwargs["bootstrap_values"] = boundary_values(trunc, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
 
 
 # ------------------------------------------------------------------------------------------
