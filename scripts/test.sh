@@ -72,6 +72,12 @@ fi
 rc=0
 "$RLT_PY" -m pytest "${targets[@]}" -q "${parallel[@]}" "$@" || rc=$?
 if [[ "$rc" == 5 ]]; then
+    # Tests marked cuda or compiled are not collected where they cannot run (tests/conftest.py): a selection
+    # of only those (e.g. tests/perf on a CPU machine) runs nothing, which is not an error.
+    if RL_TRITON_TEST_COLLECT_GPU=1 "$RLT_PY" -m pytest "${targets[@]}" -q --co "$@" >/dev/null 2>&1; then
+        echo "note: the selected tests need a CUDA GPU (compiled kernels); none of them runs on this machine" >&2
+        exit 0
+    fi
     echo "error: pytest collected no tests (exit code 5); treating that as a failure" >&2
     exit 1
 fi
