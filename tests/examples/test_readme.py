@@ -34,6 +34,8 @@ def test_readme_python_blocks_run(tmp_path):
     script.write_text("\n\n".join(blocks))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # tests/conftest.py sets it
     env["RL_WARNINGS"] = "False"
+    # this checkout's rl_triton, installed or not (the script runs in a temporary folder)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(README.parent), env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
