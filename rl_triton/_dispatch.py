@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from . import _config
-from ._validation import Prepared
+from ._validation import Entry, Prepared
 from .scan import linear_scan, torch_scan
 
 BACKENDS = ("auto", "torch", "triton")
@@ -60,6 +60,29 @@ def use_kernels(device: torch.device, device_type: str | None = None) -> bool:
             "tensors, or on CPU tensors when TRITON_INTERPRET=1 is set before importing rl_triton"
         )
     return False
+
+
+_grad_enabled = torch.is_grad_enabled
+
+
+def launchable(e: Entry | None, tensors: tuple, diff_at: tuple[int, ...]) -> bool:
+    """Whether a call whose validation cache entry is ``e`` (None: a miss) can go straight to the launch:
+    :func:`run` would launch the kernel on the entry's tensors as they are (the kernel path, no autograd
+    to record, a ``direct`` entry) and no data checks are on (``RL_TRITON_CORRECTNESS_WARNINGS``).
+    ``diff_at``: the positions in ``tensors`` of the differentiable inputs."""
+    if e is None or not e.direct or _config.CORRECTNESS_WARNINGS:
+        return False
+    device_type = e.device_type
+    if device_type != "cuda" and not (device_type == "cpu" and _config.INTERPRET):
+        return False  # the PyTorch path, or use_kernels' error for backend "triton"
+    if _backend.get() == "torch":
+        return False
+    if _grad_enabled():
+        for i in diff_at:
+            t = tensors[i]
+            if t is not None and t.requires_grad:
+                return False
+    return True
 
 
 TorchAlgo = Callable[..., tuple]

@@ -190,12 +190,33 @@ def _layout(name: str, t: torch.Tensor | None, squeeze: bool) -> torch.Tensor | 
 # signature also records each tensor's 16-byte alignment, which the kernels are specialised on: the
 # entry keeps the call's launch plans (kernels/launch.py), so a hit skips the launch decisions too.
 #
-# An entry is (num_envs, seq_len, dtype, device, squeeze, num_actions, device type, like, shaped,
-# time_major, plans): ``like`` names the input outputs are allocated like (Prepared.like), ``shaped``
-# and ``time_major`` are Prepared's. Time-major tensors are keyed with a fifth element; a call whose
-# tensors mix both layouts copies, and is not cached.
+# The key is (fn, required, rows, one element per tensor in the order steps, flags, per_env, per_action,
+# actions): None for an absent tensor, (shape, dtype, device, aligned) for a contiguous one, and a fifth
+# element for a time-major one; a call whose tensors mix both layouts copies, and is not cached. The public
+# functions build the same key themselves (:func:`signature`) and, on a hit that needs nothing but the
+# launch, skip this module altogether (functional.py's fast paths).
 _CACHE: dict = {}
 _CACHE_MAX = 512
+_UNKNOWN = object()  # prepare's key: not computed by the caller
+
+
+class Entry:
+    """What a validated signature fixes: Prepared's fields, ``like`` (the name of the input outputs are
+    allocated like, Prepared.like) and its index ``like_at`` in the key's tensors, and ``direct``: the
+    tensors are what the kernels read, as they are (2-D or ``shaped``, not empty), so a call on the kernel
+    path without autograd needs nothing but ``plans`` (kernels/launch.py) to launch."""
+
+    __slots__ = (
+        "num_envs", "seq_len", "dtype", "device", "squeeze", "num_actions", "device_type", "like", "like_at",
+        "shaped", "time_major", "plans", "direct",
+    )  # fmt: skip
+
+    def __init__(self, p: Prepared, like: str | None, like_at: int) -> None:
+        self.num_envs, self.seq_len, self.dtype, self.device = p.num_envs, p.seq_len, p.dtype, p.device
+        self.squeeze, self.num_actions, self.device_type = p.squeeze, p.num_actions, p.device_type
+        self.like, self.like_at, self.plans = like, like_at, p.plans
+        self.shaped, self.time_major = p.shaped, p.time_major
+        self.direct = not p.squeeze and not p.empty and like is not None
 
 
 def clear_cache() -> None:
@@ -216,6 +237,33 @@ def _viewed(items: list, squeeze: bool) -> dict:
     return {name: None if t is None else t.unsqueeze(0) for name, t in items}
 
 
+_Tensor = torch.Tensor
+
+
+def signature(fn: str, required: tuple, rows, tensors) -> tuple | None:
+    """The validation cache key of a call with ``tensors`` (in the key's order), or None when the call
+    cannot be cached. Built on every call: kept lean."""
+    key = [fn, required, rows]
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif type(t) is not _Tensor:
+            return None
+        elif t.is_contiguous():
+            key.append((t.shape, t.dtype, t.device, not t.data_ptr() & 15))
+        elif rows is None and _is_time_major(t):
+            key.append((t.shape, t.dtype, t.device, not t.data_ptr() & 15, True))
+        else:
+            return None
+    return tuple(key)
+
+
+def cacheable_actions(actions: tuple[str, torch.Tensor] | None) -> bool:
+    """Whether a call with ``actions`` can be cached: not with CPU actions, whose range check reads
+    the values on every call."""
+    return actions is None or (isinstance(actions[1], torch.Tensor) and actions[1].device.type != "cpu")
+
+
 def prepare(
     fn: str,
     *,
@@ -226,6 +274,7 @@ def prepare(
     actions: tuple[str, torch.Tensor] | None = None,
     required: tuple[str, ...] = (),
     rows: tuple[int, int] | None = None,
+    key=_UNKNOWN,
 ) -> Prepared:
     """Validates and normalises the tensors of one call (see :func:`_prepare`); calls whose
     signature passed validation before take the cached result.
@@ -233,41 +282,26 @@ def prepare(
     ``rows`` (private, for :mod:`rl_triton.modules`): the per-step tensors and flags have one shape
     whose ``reshape(rows)`` is their ``(N, T)`` form (time last, or ``[..., T, 1]``; no per-action
     tensors). They are validated in that form; a call that can be cached then keeps them unreshaped
-    (``Prepared.shaped``), so its outputs come in the callers' shape without a view op either way."""
-    key = None
-    if actions is None or (isinstance(actions[1], torch.Tensor) and actions[1].device.type != "cpu"):
-        # the signature and the (name, tensor) pairs in one pass (the cache hit path: kept lean)
-        items = [*steps.items(), *flags.items()]
-        if per_env:
-            items += per_env.items()
-        if per_action:
-            items += per_action.items()
-        if actions is not None:
-            items.append(actions)
-        key = [fn, required, rows]
-        for _name, t in items:
-            if t is None:
-                key.append(None)
-            elif type(t) is not torch.Tensor:
-                key = None
-                break
-            elif t.is_contiguous():
-                key.append((t.shape, t.dtype, t.device, not t.data_ptr() & 15))
-            elif rows is None and _is_time_major(t):
-                key.append((t.shape, t.dtype, t.device, not t.data_ptr() & 15, True))
-            else:
-                key = None
-                break
-        if key is not None:
-            key = tuple(key)
-            meta = _CACHE.get(key)
-            if meta is not None:
-                num_envs, seq_len, dtype, device, squeeze, num_actions, device_type, like, shaped, tm, plans = meta
-                tensors = _viewed(items, squeeze)
-                return Prepared(
-                    fn, num_envs, seq_len, dtype, device, squeeze, tensors, num_actions, plans, device_type,
-                    None if like is None else tensors[like], shaped, tm,
-                )  # fmt: skip
+    (``Prepared.shaped``), so its outputs come in the callers' shape without a view op either way.
+
+    ``key``: the call's :func:`signature` when the caller has built it already (None: not cacheable)."""
+    items = [*steps.items(), *flags.items()]
+    if per_env:
+        items += per_env.items()
+    if per_action:
+        items += per_action.items()
+    if actions is not None:
+        items.append(actions)
+    if key is _UNKNOWN:
+        key = signature(fn, required, rows, [t for _, t in items]) if cacheable_actions(actions) else None
+    if key is not None:
+        e = _CACHE.get(key)
+        if e is not None:
+            tensors = _viewed(items, e.squeeze)
+            return Prepared(
+                fn, e.num_envs, e.seq_len, e.dtype, e.device, e.squeeze, tensors, e.num_actions, e.plans,
+                e.device_type, None if e.like is None else tensors[e.like], e.shaped, e.time_major,
+            )  # fmt: skip
     vsteps, vflags = steps, flags
     if rows is not None:
         if any(t is not None for g in (per_env or {}, per_action or {}) for t in g.values()) or actions is not None:
@@ -289,10 +323,8 @@ def prepare(
             out.tensors.update(_viewed(items, out.squeeze))
             out.like = None if like is None else out.tensors[like]
             out.shaped = True
-        _CACHE[key] = (
-            out.num_envs, out.seq_len, out.dtype, out.device, out.squeeze, out.num_actions, out.device_type, like,
-            out.shaped, out.time_major, out.plans,
-        )  # fmt: skip
+        like_at = -1 if like is None else next(i for i, (name, _) in enumerate(items) if name == like)
+        _CACHE[key] = Entry(out, like, like_at)
     return out
 
 

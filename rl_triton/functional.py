@@ -22,13 +22,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import reference
-from ._dispatch import run
-from ._ops import compilable
-from ._validation import check_data, check_probabilities, prepare, scalar
+from . import _ops, _validation, reference
+from ._dispatch import launchable, run
+from ._ops import compilable, is_compiling
+from ._validation import _UNKNOWN, check_data, check_probabilities, prepare, scalar, signature
 
 if TYPE_CHECKING:
     from .kernels.plans import Plan
+
+# Fast paths. Each function first builds its validation cache key (_validation.signature, the tensors in the
+# order prepare's key takes them). A hit that needs nothing but the launch (_dispatch.launchable) and whose
+# launch the cache entry already keeps (kernels/launch.py, the key _start files it under) checks the
+# hyper-parameters, allocates the outputs and launches: the steps in between (Prepared, the run/kernel
+# closures, the launchers' dict lookups) are what a call of a validated signature would spend on them
+# every time. Anything else takes the prepared path, with the key already built.
 
 _BOOT_DIFF = ("bootstrap_values", "last_value")
 # per-call constants (a tuple built in the call would be rebuilt, and hashed by the validation cache, every time)
@@ -36,8 +43,31 @@ _GAE_REQUIRED = {
     False: ("rewards", "values", "terminateds"),
     True: ("rewards", "values", "terminateds", "bootstrap_values"),
 }
+_GAE_PLAIN, _GAE_NEXT = _GAE_REQUIRED[False], _GAE_REQUIRED[True]
 _GAE_DIFF = ("rewards", "values", *_BOOT_DIFF)
 _VTRACE_REQUIRED = ("log_pi_target", "log_pi_behavior", "values", "rewards", "terminateds")
+_RETRACE_REQUIRED = (
+    "action_probs_target", "action_probs_behavior", "q_values", "next_q_values_all", "actions", "rewards",
+    "terminateds", "truncateds",
+)  # fmt: skip
+_RETURNS_REQUIRED = ("rewards", "terminateds")
+_LAMBDA_REQUIRED = ("rewards", "next_values", "terminateds")
+_RWA_REQUIRED = ("rewards", "values", "terminateds")
+_RWA_DIFF = ("rewards", "values", "next_values", "bootstrap_values")
+_REQUIRED_TRACE = {"gradients": ("gradients", "dones"), "inputs": ("inputs", "dones")}
+# positions of the differentiable inputs in each fast path's tensors (autograd takes the prepared path)
+_GAE_AT = (0, 1, 2, 5)  # rewards, values, bootstrap_values, last_value
+_VTRACE_AT = (2, 3, 4, 7)  # values, rewards, bootstrap_values, last_value
+_RETRACE_AT = (1, 2, 6)  # q_values, rewards, next_q_values_all
+_TRACE_AT = (0, 2)  # inputs, seed_values
+# the keys the launchers file each function's launch under in the cache entry (kernels/launch.py, _start)
+_GAE_LAUNCH = ("gae", False, False)
+_GAE_NEXT_LAUNCH = {False: ("gae", True, False), True: ("gae", True, True)}  # by targets
+_VTRACE_LAUNCH = {False: ("vtrace", False), True: ("vtrace", True)}  # by next_all
+_RETRACE_LAUNCH = ("retrace",)
+_RETURNS_LAUNCH = ("returns", False)
+_RWA_LAUNCH = ("returns", True)
+_TRACE_LAUNCH = {False: ("forward_trace", False), True: ("forward_trace", True)}  # by starts_at
 _LAUNCH = None
 
 
@@ -108,16 +138,39 @@ def compute_gae(
         >>> rl_triton.compute_gae(r, v, torch.zeros(2, 3), gamma=0.5, lambda_=1.0)[0]
         tensor([1.7500, 1.5000, 1.0000])
     """
+    if is_compiling() and _ops.tracing():
+        return _ops.emit(
+            "compute_gae", rewards, values, terminateds, truncateds, gamma=gamma, lambda_=lambda_,
+            bootstrap_values=bootstrap_values, last_value=last_value, plan=plan,
+        )  # fmt: skip
     fn = "compute_gae"
-    _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
+    if last_value is not None:
+        _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
+    tensors = (rewards, values, bootstrap_values, terminateds, truncateds, last_value)
+    key = signature(fn, _GAE_PLAIN, None, tensors)
+    e = _validation._CACHE.get(key)
+    if plan is None and launchable(e, tensors, _GAE_AT):
+        launch = e.plans.get(_GAE_LAUNCH)
+        if launch is not None:
+            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
+            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
+            out = torch.empty_like(tensors[e.like_at])
+            k = _LAUNCH or _launchers()
+            args = k.gae_args(
+                rewards, values, terminateds, truncateds, bootstrap_values, last_value, out, out, e.num_envs,
+                e.seq_len, g, lam,
+            )  # fmt: skip
+            k._run(launch, args)
+            return out
     return _gae(
-        fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False, plan=plan
-    )
+        fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False, plan=plan,
+        key=key,
+    )  # fmt: skip
 
 
 def _gae(
     fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all, targets=False,
-    rows=None, plan=None,
+    rows=None, plan=None, key=_UNKNOWN,
 ):  # fmt: skip
     s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_), "next_all": next_all}
     p = prepare(
@@ -127,6 +180,7 @@ def _gae(
         per_env={"last_value": last_value},
         required=_GAE_REQUIRED[next_all],
         rows=rows,
+        key=key,
     )
     if not next_all:
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
@@ -162,7 +216,26 @@ def gae_with_next_values(
     outputs then come in that shape, without view ops on the kernel path (:func:`prepare`).
     """
     fn = "gae_with_next_values"
-    return _gae(fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows, plan)
+    tensors = (rewards, values, next_values, terminateds, dones, None)
+    key = signature(fn, _GAE_NEXT, rows, tensors)
+    e = _validation._CACHE.get(key)
+    if plan is None and launchable(e, tensors, _GAE_AT):
+        launch = e.plans.get(_GAE_NEXT_LAUNCH[bool(targets)])
+        if launch is not None:
+            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
+            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
+            like = tensors[e.like_at]
+            out = torch.empty_like(like)
+            tgt = torch.empty_like(like) if targets else out
+            k = _LAUNCH or _launchers()
+            args = k.gae_args(
+                rewards, values, terminateds, dones, next_values, None, out, tgt, e.num_envs, e.seq_len, g, lam
+            )
+            k._run(launch, args)
+            return (out, tgt) if targets else out
+    return _gae(
+        fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows, plan, key=key
+    )
 
 
 @compilable(like="rewards", n_out=2)
@@ -220,8 +293,14 @@ def compute_vtrace(
         >>> vs[0]
         tensor([1.7500, 1.5000, 1.0000])
     """
+    if is_compiling() and _ops.tracing():
+        return _ops.emit(
+            "compute_vtrace", log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma=gamma,
+            rho_bar=rho_bar, c_bar=c_bar, bootstrap_values=bootstrap_values, last_value=last_value, plan=plan,
+        )  # fmt: skip
     fn = "compute_vtrace"
-    _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
+    if last_value is not None:
+        _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
     return _vtrace(
         fn, log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma, rho_bar, c_bar,
         bootstrap_values, last_value, False, plan,
@@ -232,6 +311,24 @@ def _vtrace(
     fn, log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma, rho_bar, c_bar,
     bootstrap_values, last_value, next_all, plan=None,
 ):  # fmt: skip
+    tensors = (log_pi_target, log_pi_behavior, values, rewards, bootstrap_values, terminateds, truncateds, last_value)
+    key = signature(fn, _VTRACE_REQUIRED, None, tensors)
+    e = _validation._CACHE.get(key)
+    if plan is None and launchable(e, tensors, _VTRACE_AT):
+        launch = e.plans.get(_VTRACE_LAUNCH[next_all])
+        if launch is not None:
+            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
+            rho = rho_bar if type(rho_bar) is float and rho_bar >= 0.0 else scalar("rho_bar", rho_bar, hi=None)
+            c = c_bar if type(c_bar) is float and c_bar >= 0.0 else scalar("c_bar", c_bar, hi=None)
+            like = tensors[e.like_at]
+            vs, adv = torch.empty_like(like), torch.empty_like(like)
+            k = _LAUNCH or _launchers()
+            args = k.vtrace_args(
+                log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, bootstrap_values, last_value,
+                vs, adv, e.num_envs, e.seq_len, g, rho, c,
+            )  # fmt: skip
+            k._run(launch, args)
+            return vs, adv
     s = {
         "gamma": scalar("gamma", gamma),
         "rho_bar": scalar("rho_bar", rho_bar, hi=None),
@@ -250,6 +347,7 @@ def _vtrace(
         flags={"terminateds": terminateds, "truncateds": truncateds},
         per_env={"last_value": last_value},
         required=_VTRACE_REQUIRED,
+        key=key,
     )
     if not next_all:
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
@@ -330,7 +428,36 @@ def compute_retrace(
     Returns:
         ``(q_targets, advantages)``, each ``(N, T)`` in the input dtype.
     """
+    if is_compiling() and _ops.tracing():
+        return _ops.emit(
+            "compute_retrace", action_probs_target, action_probs_behavior, q_values, next_q_values_all, actions,
+            rewards, terminateds, truncateds, gamma=gamma, lambda_=lambda_, c_bar=c_bar, rho_bar=rho_bar,
+            next_action_probs_target=next_action_probs_target, plan=plan,
+        )  # fmt: skip
     fn = "compute_retrace"
+    tensors = (
+        action_probs_behavior, q_values, rewards, terminateds, truncateds, action_probs_target, next_q_values_all,
+        next_action_probs_target, actions,
+    )  # fmt: skip
+    key = signature(fn, _RETRACE_REQUIRED, None, tensors)
+    # the cache never keeps a call with CPU actions (_validation.cacheable_actions): a miss leaves that to prepare
+    e = _validation._CACHE.get(key)
+    if plan is None and launchable(e, tensors, _RETRACE_AT):
+        launch = e.plans.get(_RETRACE_LAUNCH)
+        if launch is not None:
+            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
+            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
+            c = c_bar if type(c_bar) is float and c_bar >= 0.0 else scalar("c_bar", c_bar, hi=None)
+            rho = rho_bar if type(rho_bar) is float and rho_bar >= 0.0 else scalar("rho_bar", rho_bar, hi=None)
+            like = tensors[e.like_at]
+            qt, adv = torch.empty_like(like), torch.empty_like(like)
+            k = _LAUNCH or _launchers()
+            args = k.retrace_args(
+                action_probs_target, next_action_probs_target, action_probs_behavior, q_values, next_q_values_all,
+                actions, rewards, terminateds, truncateds, qt, adv, e.num_envs, e.seq_len, g, lam, c, rho,
+            )  # fmt: skip
+            k._run(launch, args)
+            return qt, adv
     s = {
         "gamma": scalar("gamma", gamma),
         "lambda_": scalar("lambda_", lambda_),
@@ -347,16 +474,8 @@ def compute_retrace(
             "next_action_probs_target": next_action_probs_target,
         },
         actions=("actions", actions),
-        required=(
-            "action_probs_target",
-            "action_probs_behavior",
-            "q_values",
-            "next_q_values_all",
-            "actions",
-            "rewards",
-            "terminateds",
-            "truncateds",
-        ),
+        required=_RETRACE_REQUIRED,
+        key=_UNKNOWN if e is None else key,
     )
     check_data(p, term="terminateds", trunc="truncateds")
     check_probabilities(p, ("action_probs_target", "next_action_probs_target"), "action_probs_behavior")
@@ -406,13 +525,33 @@ def compute_discounted_returns(
         >>> rl_triton.compute_discounted_returns(torch.ones(3), torch.tensor([0, 1, 0]), gamma=0.5)
         tensor([1.5000, 1.0000, 1.0000])
     """
+    if is_compiling() and _ops.tracing():
+        return _ops.emit(
+            "compute_discounted_returns", rewards, terminateds, truncateds, gamma=gamma,
+            bootstrap_values=bootstrap_values, plan=plan,
+        )  # fmt: skip
     fn = "compute_discounted_returns"
+    tensors = (rewards, bootstrap_values, terminateds, truncateds)
+    key = signature(fn, _RETURNS_REQUIRED, None, tensors)
+    e = _validation._CACHE.get(key)
+    if plan is None and launchable(e, tensors, (0, 1)):
+        launch = e.plans.get(_RETURNS_LAUNCH)
+        if launch is not None:
+            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
+            out = torch.empty_like(tensors[e.like_at])
+            k = _LAUNCH or _launchers()
+            args = k.returns_args(
+                rewards, None, terminateds, truncateds, bootstrap_values, None, out, out, e.num_envs, e.seq_len, g, 1.0
+            )
+            k._run(launch, args)
+            return out
     s = {"gamma": scalar("gamma", gamma), "lambda_": 1.0}
     p = prepare(
         fn,
         steps={"rewards": rewards, "bootstrap_values": bootstrap_values},
         flags={"terminateds": terminateds, "truncateds": truncateds},
-        required=("rewards", "terminateds"),
+        required=_RETURNS_REQUIRED,
+        key=key,
     )
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
@@ -463,13 +602,35 @@ def compute_lambda_returns(
     Returns:
         returns, ``(N, T)`` in the input dtype.
     """
+    if is_compiling() and _ops.tracing():
+        return _ops.emit(
+            "compute_lambda_returns", rewards, next_values, terminateds, truncateds, gamma=gamma, lambda_=lambda_,
+            bootstrap_values=bootstrap_values, plan=plan,
+        )  # fmt: skip
     fn = "compute_lambda_returns"
+    tensors = (rewards, next_values, bootstrap_values, terminateds, truncateds)
+    key = signature(fn, _LAMBDA_REQUIRED, None, tensors)
+    e = _validation._CACHE.get(key)
+    if plan is None and launchable(e, tensors, (0, 1, 2)):
+        launch = e.plans.get(_RETURNS_LAUNCH)
+        if launch is not None:
+            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
+            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
+            out = torch.empty_like(tensors[e.like_at])
+            k = _LAUNCH or _launchers()
+            args = k.returns_args(
+                rewards, next_values, terminateds, truncateds, bootstrap_values, None, out, out, e.num_envs, e.seq_len,
+                g, lam,
+            )  # fmt: skip
+            k._run(launch, args)
+            return out
     s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
     p = prepare(
         fn,
         steps={"rewards": rewards, "next_values": next_values, "bootstrap_values": bootstrap_values},
         flags={"terminateds": terminateds, "truncateds": truncateds},
-        required=("rewards", "next_values", "terminateds"),
+        required=_LAMBDA_REQUIRED,
+        key=key,
     )
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
@@ -491,31 +652,71 @@ def returns_with_advantages(
     to the inputs' dtype once, so they equal ``G - values`` bit for bit. ``rows``: as in
     :func:`gae_with_next_values`."""
     fn = "returns_with_advantages"
+    tensors = (rewards, values, next_values, bootstrap_values, terminateds, truncateds)
+    key = signature(fn, _RWA_REQUIRED, rows, tensors)
+    e = _validation._CACHE.get(key)
+    if plan is None and launchable(e, tensors, (0, 1, 2, 3)):
+        launch = e.plans.get(_RWA_LAUNCH)
+        if launch is not None:
+            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
+            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
+            like = tensors[e.like_at]
+            out, adv = torch.empty_like(like), torch.empty_like(like)
+            k = _LAUNCH or _launchers()
+            args = k.returns_args(
+                rewards, next_values, terminateds, truncateds, bootstrap_values, values, out, adv, e.num_envs,
+                e.seq_len, g, lam,
+            )  # fmt: skip
+            k._run(launch, args)
+            return out, adv
     s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
     p = prepare(
         fn,
         steps={"rewards": rewards, "values": values, "next_values": next_values, "bootstrap_values": bootstrap_values},
         flags={"terminateds": terminateds, "truncateds": truncateds},
-        required=("rewards", "values", "terminateds"),
+        required=_RWA_REQUIRED,
         rows=rows,
+        key=key,
     )
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
         return _launchers().returns(p, s["gamma"], s["lambda_"], True, plan)
 
-    diff = ("rewards", "values", "next_values", "bootstrap_values")
-    g, adv = run(p, reference.returns_advantages, s, kernel, diff, 2)
+    g, adv = run(p, reference.returns_advantages, s, kernel, _RWA_DIFF, 2)
     return p.finish(g), p.finish(adv)
 
 
-def _forward_trace(fn: str, x_name: str, x, dones, seed_values, s: dict, plan=None) -> torch.Tensor:
+def _scale(gamma, lambda_) -> float:
+    """The traces' gamma * lambda; 1.0 for the prefix sums (gamma None)."""
+    if gamma is None:
+        return 1.0
+    g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
+    return g * (lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_))
+
+
+def _forward_trace(fn: str, x_name: str, x, dones, seed_values, gamma, lambda_, starts_at: bool, plan=None):
+    """The forward scans, scaled by :func:`_scale` (checked before the prepared path's tensors, as ever)."""
+    tensors = (x, dones, seed_values)
+    required = _REQUIRED_TRACE[x_name]
+    key = signature(fn, required, None, tensors)
+    e = _validation._CACHE.get(key)
+    if plan is None and launchable(e, tensors, _TRACE_AT):
+        launch = e.plans.get(_TRACE_LAUNCH[starts_at])
+        if launch is not None:
+            gl = _scale(gamma, lambda_)
+            out = torch.empty_like(x)
+            k = _LAUNCH or _launchers()
+            k._run(launch, k.forward_args(x, dones, seed_values, out, e.num_envs, e.seq_len, gl))
+            return out
+    s = {"scale": _scale(gamma, lambda_), "starts_at": starts_at}
     p = prepare(
         fn,
         steps={x_name: x},
         flags={"dones": dones},
         per_env={"seed_values": seed_values},
-        required=(x_name, "dones"),
+        required=required,
+        key=key,
     )
     check_data(p)
     p.tensors["inputs"] = p.tensors.pop(x_name)
@@ -564,9 +765,14 @@ def compute_eligibility_traces(
         >>> rl_triton.compute_eligibility_traces(torch.ones(3), torch.zeros(3), gamma=0.5, lambda_=1.0)
         tensor([1.0000, 1.5000, 1.7500])
     """
-    gl = scalar("gamma", gamma) * scalar("lambda_", lambda_)
-    s = {"scale": gl, "starts_at": False}
-    return _forward_trace("compute_eligibility_traces", "gradients", gradients, dones, seed_values, s, plan)
+    if is_compiling() and _ops.tracing():
+        return _ops.emit(
+            "compute_eligibility_traces", gradients, dones, gamma=gamma, lambda_=lambda_, seed_values=seed_values,
+            plan=plan,
+        )  # fmt: skip
+    return _forward_trace(
+        "compute_eligibility_traces", "gradients", gradients, dones, seed_values, gamma, lambda_, False, plan
+    )
 
 
 @compilable(like="inputs", n_out=1)
@@ -607,7 +813,12 @@ def compute_episodic_prefix_sum(
         >>> rl_triton.compute_episodic_prefix_sum(torch.ones(4), torch.tensor([0, 1, 0, 0]))
         tensor([1., 2., 1., 2.])
     """
+    if is_compiling() and _ops.tracing():
+        return _ops.emit(
+            "compute_episodic_prefix_sum", inputs, dones, boundary=boundary, seed_values=seed_values, plan=plan
+        )
     if boundary not in ("ends_at", "starts_at"):
         raise ValueError(f"compute_episodic_prefix_sum: boundary must be 'ends_at' or 'starts_at', got {boundary!r}")
-    s = {"scale": 1.0, "starts_at": boundary == "starts_at"}
-    return _forward_trace("compute_episodic_prefix_sum", "inputs", inputs, dones, seed_values, s, plan)
+    return _forward_trace(
+        "compute_episodic_prefix_sum", "inputs", inputs, dones, seed_values, None, None, boundary == "starts_at", plan
+    )

@@ -85,13 +85,14 @@ def _hooks_active(knobs) -> bool:
     return False
 
 
-def _direct(ck, kernel, n_args: int, constexprs: dict):
-    """A function ``(grid, stream, args)`` launching compiled kernel ``ck`` without Triton's
+def _direct(ck, kernel, grid: tuple, n_args: int, constexprs: dict):
+    """A function ``(stream, args)`` launching compiled kernel ``ck`` on ``grid`` without Triton's
     dispatcher (hooks inactive: the caller checks)."""
     if hasattr(ck, "result"):  # some Triton versions return a future from kernel[grid](...)
         ck = ck.result()
     trailing = tuple(constexprs[name] for name in kernel.arg_names[n_args:])
     run, function, packed = ck.run, ck.function, ck.packed_metadata
+    gx, gy = grid
     raw = getattr(run, "launch", None)
     if (
         _DIRECT
@@ -101,14 +102,13 @@ def _direct(ck, kernel, n_args: int, constexprs: dict):
     ):
         coop, pdl = run.launch_cooperative_grid, run.launch_pdl
 
-        def go(grid, stream, args):
-            raw(grid[0], grid[1], 1, stream, function, coop, pdl, None, None, packed, None, None, None, *args,
-                *trailing)  # fmt: skip
+        def go(stream, args):
+            raw(gx, gy, 1, stream, function, coop, pdl, None, None, packed, None, None, None, *args, *trailing)
 
         return go
 
-    def go(grid, stream, args):
-        run(grid[0], grid[1], 1, stream, function, packed, None, None, None, *args, *trailing)
+    def go(stream, args):
+        run(gx, gy, 1, stream, function, packed, None, None, None, *args, *trailing)
 
     return go
 
@@ -118,10 +118,13 @@ class _Launch:
     to the kernel's: (0, chunks per block) single pass; (3, env programs, blocks, acc dtype, epochs, envs per
     program) look-back; (1, N, blocks, chunks per block, acc dtype) two passes."""
 
-    __slots__ = ("kernel", "device", "launches", "scratch", "fast", "cached", "flags")
+    __slots__ = ("kernel", "device", "index", "launches", "scratch", "single", "fast", "cached", "flags")
 
     def __init__(self, kernel, device: torch.device, launches: list, scratch: tuple, cached: bool):
         self.kernel, self.device, self.launches, self.scratch = kernel, device, launches, scratch
+        self.index = device.index  # read once: torch.device.index costs a property call per launch
+        # a single pass appends a dummy pointer (three times) and these two ints (_scratch, _run)
+        self.single = (1, scratch[1]) if scratch and scratch[0] == 0 else None
         self.cached = cached  # reused by later calls: worth keeping the compiled kernels
         self.fast = [None] * len(launches)
         self.flags = {}  # look-back flag buffers by stream (_lookback_flags)
@@ -311,38 +314,47 @@ def _lease(device: torch.device, index: int, size: int) -> torch.Tensor:
 
 def _run(launch: _Launch, args: tuple) -> None:
     """Starts every launch of ``launch`` with the kernel arguments ``args`` (scratch appended)."""
+    single = launch.single
+    if single is not None:  # _scratch's single-pass arguments, without its dispatch
+        dummy = args[0]
+        _launch(launch, 0, (*args, dummy, dummy, dummy, *single))
+        return
     for i, extra in enumerate(_scratch(launch, args)):
         _launch(launch, i, (*args, *extra))
 
 
+_RUNTIME = _KNOBS.runtime if _FAST else None
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _launch(launch: _Launch, i: int, args: tuple) -> None:
+    go = launch.fast[i]
+    if go is not None:
+        # _hooks_active, inline (this runs on every launch)
+        enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
+        if (enter is None or not getattr(enter, "calls", True)) and (
+            leave is None or not getattr(leave, "calls", True)
+        ):
+            current = _get_device()
+            index = launch.index
+            if index is None or index == current:
+                go(_get_stream(current), args)
+            else:
+                with torch.cuda.device(index):
+                    go(_get_stream(index), args)
+            return
     grid, constexprs, warps = launch.launches[i]
     device = launch.device
-    go = launch.fast[i]
-    if go is not None and not _hooks_active(_KNOBS):
-        current = torch._C._cuda_getDevice()
-        index = current if device.index is None else device.index
-        if index == current:
-            go(grid, torch._C._cuda_getCurrentRawStream(index), args)
-        else:
-            with torch.cuda.device(index):
-                go(grid, torch._C._cuda_getCurrentRawStream(index), args)
-        return
     with _on_device(device):
         ck = launch.kernel[grid](*args, **constexprs, num_warps=warps)
     if launch.cached and _FAST and not _config.INTERPRET and device.type == "cuda" and not _hooks_active(_KNOBS):
-        launch.fast[i] = _direct(ck, launch.kernel, len(args), constexprs)
+        launch.fast[i] = _direct(ck, launch.kernel, grid, len(args), constexprs)
         COMPILED[(launch.kernel, warps, tuple(constexprs.items()))] = ck
 
 
 # Every compiled kernel the fast path keeps, by (kernel, warps, constexprs): the tuning tool's register report.
 COMPILED: dict = {}
-
-
-def _dummy(t: dict, key: str, fallback: torch.Tensor) -> torch.Tensor:
-    """Optional inputs that are absent are passed as some valid pointer the kernel never reads."""
-    x = t.get(key)
-    return fallback if x is None else x
 
 
 def _bootstrap_flags(t: dict, p, next_all: bool, **extra):
@@ -353,16 +365,55 @@ def _bootstrap_flags(t: dict, p, next_all: bool, **extra):
     )  # fmt: skip
 
 
+# The kernels' argument tuples, from the call's tensors: shared by the launchers below (a call prepared by
+# rl_triton._validation) and the public functions' fast paths (a validation cache hit that goes straight to
+# the cached launch), so both hand the kernels the same arguments. An absent optional input is passed as some
+# valid pointer (the first input) that the kernel never reads.
+
+
+def gae_args(r, v, term, trunc, boot, last, out, tgt, n: int, t: int, gamma: float, lambda_: float) -> tuple:
+    return (
+        r, v, term, r if trunc is None else trunc, r if boot is None else boot, r if last is None else last, out,
+        tgt, n, t, *hp(gamma), *hp(lambda_),
+    )  # fmt: skip
+
+
+def vtrace_args(lpi, lmu, v, r, term, trunc, boot, last, vs, adv, n: int, t: int, gamma, rho_bar, c_bar) -> tuple:
+    return (
+        lpi, lmu, v, r, term, r if trunc is None else trunc, r if boot is None else boot, r if last is None else last,
+        vs, adv, n, t, *hp(gamma), *hp(rho_bar), *hp(c_bar),
+    )  # fmt: skip
+
+
+def retrace_args(
+    probs, next_probs, mu, q, next_q, actions, r, term, trunc, qt, adv, n: int, t: int, gamma, lambda_, c_bar, rho_bar
+) -> tuple:  # fmt: skip
+    return (
+        probs, probs if next_probs is None else next_probs, mu, q, next_q, actions, r, term,
+        probs if trunc is None else trunc, qt, adv, n, t, *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),
+    )  # fmt: skip
+
+
+def returns_args(r, nv, term, trunc, boot, v, out, adv, n: int, t: int, gamma: float, lambda_: float) -> tuple:
+    return (
+        r, r if nv is None else nv, term, r if trunc is None else trunc, r if boot is None else boot,
+        r if v is None else v, out, adv, n, t, *hp(gamma), *hp(lambda_),
+    )  # fmt: skip
+
+
+def forward_args(x, dones, seed, out, n: int, t: int, scale: float) -> tuple:
+    return (x, dones, x if seed is None else seed, out, n, t, *hp(scale))
+
+
 def gae(p, gamma: float, lambda_: float, next_all: bool = False, target: bool = False, plan: Plan | None = None):
     """GAE's advantages; with ``target``, ``(advantages, advantages + values)`` from the same launch (the
     value targets rounded as the separate add would round them)."""
     t = p.tensors
-    r = t["rewards"]
     out = p.new_output()
     tgt = p.new_output() if target else out
-    args = (
-        r, t["values"], t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
-        _dummy(t, "last_value", r), out, tgt, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),
+    args = gae_args(
+        t["rewards"], t["values"], t["terminateds"], t.get("truncateds"), t.get("bootstrap_values"),
+        t.get("last_value"), out, tgt, p.num_envs, p.seq_len, gamma, lambda_,
     )  # fmt: skip
     flags = _bootstrap_flags(t, p, next_all, TARGET=target)
     _start(p, "gae", fused.gae_kernel, ("gae", next_all, target), flags, args, plan)
@@ -371,12 +422,10 @@ def gae(p, gamma: float, lambda_: float, next_all: bool = False, target: bool = 
 
 def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False, plan: Plan | None = None):
     t = p.tensors
-    r = t["rewards"]
     vs, adv = p.new_output(), p.new_output()
-    args = (
-        t["log_pi_target"], t["log_pi_behavior"], t["values"], r, t["terminateds"], _dummy(t, "truncateds", r),
-        _dummy(t, "bootstrap_values", r), _dummy(t, "last_value", r), vs, adv, p.num_envs, p.seq_len,
-        *hp(gamma), *hp(rho_bar), *hp(c_bar),
+    args = vtrace_args(
+        t["log_pi_target"], t["log_pi_behavior"], t["values"], t["rewards"], t["terminateds"], t.get("truncateds"),
+        t.get("bootstrap_values"), t.get("last_value"), vs, adv, p.num_envs, p.seq_len, gamma, rho_bar, c_bar,
     )  # fmt: skip
     _start(p, "vtrace", fused.vtrace_kernel, ("vtrace", next_all), _bootstrap_flags(t, p, next_all), args, plan)
     return vs, adv
@@ -393,10 +442,10 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float, plan:
         return dict(A=p.num_actions, AP=plans.pow2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None,
                     ACC=_acc(p.dtype), **({"PI_TILE": False} if given_next else {}))  # fmt: skip
 
-    args = (
-        probs, _dummy(t, "next_action_probs_target", probs), t["action_probs_behavior"], t["q_values"],
-        t["next_q_values_all"], t["actions"], t["rewards"], t["terminateds"], _dummy(t, "truncateds", probs),
-        qt, adv, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),
+    args = retrace_args(
+        probs, t.get("next_action_probs_target"), t["action_probs_behavior"], t["q_values"], t["next_q_values_all"],
+        t["actions"], t["rewards"], t["terminateds"], t.get("truncateds"), qt, adv, p.num_envs, p.seq_len, gamma,
+        lambda_, c_bar, rho_bar,
     )  # fmt: skip
     _start(p, "retrace", fused.retrace_kernel, ("retrace",), flags, args, plan)
     return qt, adv
@@ -406,7 +455,6 @@ def returns(p, gamma: float, lambda_: float, adv: bool = False, plan: Plan | Non
     """Discounted or TD(lambda) returns; with ``adv``, ``(returns, returns - values)`` from the same launch (the
     advantages rounded as the separate subtraction would round them)."""
     t = p.tensors
-    r = t["rewards"]
     out = p.new_output()
     advantages = p.new_output() if adv else out
     has_nv = t.get("next_values") is not None
@@ -415,9 +463,9 @@ def returns(p, gamma: float, lambda_: float, adv: bool = False, plan: Plan | Non
         return dict(HAS_NV=has_nv, HAS_TRUNC=t.get("truncateds") is not None,
                     HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype))  # fmt: skip
 
-    args = (
-        r, _dummy(t, "next_values", r), t["terminateds"], _dummy(t, "truncateds", r), _dummy(t, "bootstrap_values", r),
-        _dummy(t, "values", r), out, advantages, p.num_envs, p.seq_len, *hp(gamma), *hp(lambda_),
+    args = returns_args(
+        t["rewards"], t.get("next_values"), t["terminateds"], t.get("truncateds"), t.get("bootstrap_values"),
+        t.get("values"), out, advantages, p.num_envs, p.seq_len, gamma, lambda_,
     )  # fmt: skip
     kind = "returns_nv" if has_nv else "returns"
     _start(p, kind, fused.returns_kernel, ("returns", adv), flags, args, plan)
@@ -426,13 +474,12 @@ def returns(p, gamma: float, lambda_: float, adv: bool = False, plan: Plan | Non
 
 def forward_trace(p, scale: float, starts_at: bool, plan: Plan | None = None) -> torch.Tensor:
     t = p.tensors
-    x = t["inputs"]
     out = p.new_output()
 
     def flags():
         return dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype))
 
-    args = (x, t["dones"], _dummy(t, "seed_values", x), out, p.num_envs, p.seq_len, *hp(scale))
+    args = forward_args(t["inputs"], t["dones"], t.get("seed_values"), out, p.num_envs, p.seq_len, scale)
     _start(p, "forward", fused.forward_trace_kernel, ("forward_trace", starts_at), flags, args, plan)
     return out
 

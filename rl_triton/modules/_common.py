@@ -159,7 +159,10 @@ class CachedScalars:
             return None
         cache = self.__dict__.get("_rlt_scalar_cache")
         hit = None if cache is None else cache.get(name)
-        version = _version(buf)
+        try:  # _version, inline (the estimators' fast paths read their scalars on every call)
+            version = buf._version
+        except RuntimeError:
+            version = None
         if hit is not None and hit[0] is buf and hit[1] == version:
             return hit[2]
         value = _read(buf)

@@ -66,6 +66,8 @@ _ROLES = {
     "action": "the stored action, which the target policy scores",
 }
 _STOCK: dict = {}
+_ABSENT = object()  # _fast_or_general: no time_dim argument; _ROWS: not computed yet
+_ROWS: dict = {}  # rows_shape by (shape, time dim), for the fast paths
 
 
 def _stock(cls, names: tuple) -> bool:
@@ -95,7 +97,8 @@ def _in_shape_of(like: torch.Tensor, outs: tuple) -> tuple:
     """``outs`` of a ``rows=`` call (:func:`rl_triton._validation.prepare`) in ``like``'s shape. Calls
     that can be cached return them in it already; the others (non-contiguous inputs) as ``(N, T)``."""
     shape = like.shape
-    return tuple(o if o.shape == shape else o.reshape(shape) for o in outs)
+    a, b = outs  # (advantage, value_target) pairs: unpacked, not a generator (this runs on every fast call)
+    return (a if a.shape == shape else a.reshape(shape)), (b if b.shape == shape else b.reshape(shape))
 
 
 def _buffer_on(buf: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -227,9 +230,10 @@ class _RLTritonEstimator(CachedScalars):
     # ``est(tensordict)`` without a value network, on a TensorDict whose entries are plain tensors of
     # one shape, runs the numbers directly: no TorchRL decorators (their effect is reproduced: the
     # grad mode; skip_existing only concerns value-network calls) and no shifted-tensordict copies,
-    # which would take several times the host time of the rest of the call. Entries are read and
-    # written with tensordict's public get/set. Anything else (a missing entry included) returns None
-    # before writing, and the general, decorated path runs and raises TorchRL's or our errors.
+    # which would take several times the host time of the rest of the call. Entries are read with
+    # tensordict's public items() (a dict of a tensordict's own entries costs less than two gets) or get
+    # (nested keys), and written with its public set. Anything else (a missing entry included) returns
+    # None before writing, and the general, decorated path runs and raises TorchRL's or our errors.
     # Each estimator says when the fast path applies (_fast_scalars) and gives its numbers
     # (_fast_targets); both paths call the same rl_triton functions on the same tensors.
 
@@ -246,20 +250,24 @@ class _RLTritonEstimator(CachedScalars):
         """``(advantage, value_target)`` in ``value``'s shape."""
         raise NotImplementedError
 
-    def _fast_or_general(self, args, kwargs, params, target_params, **extra):
+    def _fast_or_general(self, args, kwargs, params, target_params, time_dim=_ABSENT):
         """``forward``'s dispatch: ``est(tensordict)`` on a ``TensorDict`` without a value network
         tries :meth:`_fast_forward` (None: not the common case); every other call, and those,
-        TorchRL's decorated forward (:meth:`_forward`). ``extra``: keyword arguments of both."""
+        TorchRL's decorated forward (:meth:`_forward`). ``time_dim``: GAE's keyword argument of both
+        (passed on when given; not a ``**extra`` dict, which would cost each call one)."""
         if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
-            out = self._fast_forward(args[0], **extra)
+            out = self._fast_forward(args[0]) if time_dim is _ABSENT else self._fast_forward(args[0], time_dim)
             if out is not None:
                 return out
-        return self._forward(*args, params=params, target_params=target_params, **extra, **kwargs)
+        if time_dim is _ABSENT:
+            return self._forward(*args, params=params, target_params=target_params, **kwargs)
+        return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
 
     def _fast_forward(self, tensordict, time_dim=None):
         """:meth:`_forward`'s outputs for the common case (see :meth:`_fast_inputs`), written into
         ``tensordict``; None (nothing read past the check, nothing written) otherwise."""
-        if not _stock(type(self), self._FAST_HOOKS):
+        stock = _STOCK.get(type(self))
+        if not (stock or (stock is None and _stock(type(self), self._FAST_HOOKS))):
             return None
         scalars = self._fast_scalars()
         if scalars is None:
@@ -268,10 +276,17 @@ class _RLTritonEstimator(CachedScalars):
         if got is None:
             return None
         value, next_value, reward, done, terminated, rows = got
-        switch = self._grad_mode_differs(value, next_value, reward)
-        advantage, value_target = self._in_grad_mode(
-            switch, self._fast_targets, tensordict, value, next_value, reward, done, terminated, rows, scalars
-        )
+        # TorchRL's _self_set_grad_enabled for the calls that bypass it (_grad_mode_differs asked only when the
+        # modes differ: its answer is False otherwise)
+        if torch.is_grad_enabled() != self.differentiable and self._grad_mode_differs(value, next_value, reward):
+            with torch.set_grad_enabled(self.differentiable):
+                advantage, value_target = self._fast_targets(
+                    tensordict, value, next_value, reward, done, terminated, rows, scalars
+                )
+        else:
+            advantage, value_target = self._fast_targets(
+                tensordict, value, next_value, reward, done, terminated, rows, scalars
+            )
         keys = self.tensor_keys
         tensordict.set(keys.advantage, advantage)
         tensordict.set(keys.value_target, value_target)
@@ -286,19 +301,26 @@ class _RLTritonEstimator(CachedScalars):
         if not tensordict.batch_size:
             return None
         keys = self.tensor_keys
-        get = tensordict.get
-        # a membership test of the root keys costs a fraction of a get
-        present = tensordict.keys()
+        # the entries of each level as a dict: get's per-call key handling (~1 us) for str keys, once per level
+        root = dict(tensordict.items())
         steps = keys.steps_to_next_obs
-        if "shifted_valid" in present or (steps in present if type(steps) is str else get(steps, None) is not None):
+        if "shifted_valid" in root or (
+            steps in root if type(steps) is str else tensordict.get(steps, None) is not None
+        ):  # fmt: skip
             return None
-        value = get(keys.value, None)
-        nxt = get("next", None)
+        key = keys.value
+        value = root.get(key) if type(key) is str else tensordict.get(key, None)
+        nxt = root.get("next")
         if type(value) is not torch.Tensor or type(nxt) is not TensorDict:
             return None
-        get = nxt.get
-        next_value, reward, done = get(keys.value, None), get(keys.reward, None), get(keys.done, None)
-        terminated = get(keys.terminated, done)
+        entries, get = dict(nxt.items()), nxt.get
+        next_value = entries.get(key) if type(key) is str else get(key, None)
+        key = keys.reward
+        reward = entries.get(key) if type(key) is str else get(key, None)
+        key = keys.done
+        done = entries.get(key) if type(key) is str else get(key, None)
+        key = keys.terminated
+        terminated = entries.get(key, done) if type(key) is str else get(key, done)
         Tensor = torch.Tensor
         if (
             type(next_value) is not Tensor
@@ -319,7 +341,13 @@ class _RLTritonEstimator(CachedScalars):
             return None
         rows = None
         if self._FAST_ROWS:
-            rows = rows_shape(shape, self._get_time_dim(time_dim, tensordict))
+            dim = self._get_time_dim(time_dim, tensordict)
+            rows = _ROWS.get((shape, dim), _ABSENT)
+            if rows is _ABSENT:  # the same few shapes every call: rows_shape once each
+                rows = rows_shape(shape, dim)
+                if len(_ROWS) >= 256:
+                    _ROWS.clear()
+                _ROWS[shape, dim] = rows
             if rows is None:
                 return None
         return value, next_value, reward, done, terminated, rows
@@ -334,14 +362,6 @@ class _RLTritonEstimator(CachedScalars):
             if t.requires_grad:
                 return True
         return False
-
-    def _in_grad_mode(self, switch: bool, fn, *args):
-        """``fn(*args)``, under ``torch.set_grad_enabled(self.differentiable)`` when ``switch`` (the
-        effect of TorchRL's ``_self_set_grad_enabled`` on the calls that bypass it)."""
-        if switch:
-            with torch.set_grad_enabled(self.differentiable):
-                return fn(*args)
-        return fn(*args)
 
     def _td_scalars(self, *names) -> tuple | None:
         """The TD estimators' fast-path condition: scalar ``names`` in [0, 1], no reward
@@ -709,7 +729,7 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         per-step discount, no ``shifted_valid``, ``auto_reset_env`` off) takes :meth:`_fast_forward`;
         everything else TorchRL's decorated forward (:meth:`_forward`). Both give the same outputs.
         """
-        return self._fast_or_general(args, kwargs, params, target_params, time_dim=time_dim)
+        return self._fast_or_general(args, kwargs, params, target_params, time_dim)
 
     # What GAE's forward calls that its fast path skips: a subclass overriding any of these keeps
     # the general path
@@ -723,7 +743,9 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         if self.auto_reset_env:
             return None
         gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
-        return (gamma, lmbda) if in_unit(gamma, lmbda) else None
+        if gamma is None or lmbda is None or not (0.0 <= gamma <= 1.0 and 0.0 <= lmbda <= 1.0):  # in_unit, inline
+            return None
+        return gamma, lmbda
 
     def _fast_targets(self, tensordict, value, next_value, reward, done, terminated, rows, scalars):
         gamma, lmbda = scalars
