@@ -7,6 +7,15 @@ loads are contiguous and vectorise); the pairs ``(a_t, b_t)`` are combined with
 forward scan across groups (grouped tiles; see below). The state after the chunk (the carry)
 enters the next one. Masked elements are set to the identity ``(1, 0)`` so that they neither
 change the carry nor depend on what was loaded there.
+
+Containment (SEMANTICS.md): where a map's coefficient is 0 (a done step, or a segment holding one)
+the map is the constant ``b``, and the state before it must not be read: ``0 * x + b`` is NaN for a
+NaN or infinite ``x`` from another episode. So the combines and the application of a map to a state
+(:func:`_on`) select ``b`` there. For finite ``x`` the select gives what ``0 * x + b`` gave (but the
+sign of a zero ``b``), and where it is false the same arithmetic, so finite inputs keep their bits.
+The coefficients themselves must be finite (the kernels build them so): their products then stay
+finite (unless they overflow: coefficients above 1 over long stretches, as gamma c_bar > 1 can give),
+``A * 0`` is 0, and only the offsets ``b`` need the selects.
 """
 
 from __future__ import annotations
@@ -17,15 +26,34 @@ import triton.language as tl
 
 @triton.jit
 def linear_combine(a_l, b_l, a_r, b_r):
-    # (a_l, b_l) then (a_r, b_r):  x -> a_r * (a_l * x + b_l) + b_r
-    return a_l * a_r, a_r * b_l + b_r
+    # (a_l, b_l) then (a_r, b_r):  x -> a_r * (a_l * x + b_l) + b_r, the constant b_r where a_r == 0
+    return a_l * a_r, tl.where(a_r == 0, b_r, a_r * b_l + b_r)
 
 
 @triton.jit
 def linear_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
     # Segments L then R. (a, b): the map of the whole segment; (na, nb): the map of the segment
     # without its last element. Associative; an element starts as ((a_t, b_t), identity).
-    return a_l * a_r, a_r * b_l + b_r, a_l * na_r, na_r * b_l + nb_r
+    # Contained as linear_combine: b_l is not read where the map that multiplies it is 0.
+    return (a_l * a_r, tl.where(a_r == 0, b_r, a_r * b_l + b_r),
+            a_l * na_r, tl.where(na_r == 0, nb_r, na_r * b_l + nb_r))  # fmt: skip
+
+
+@triton.jit
+def _on(A, B, x, ZERO: tl.constexpr = False):
+    """The map (A, B) applied to the state x: A x + B, or B where A == 0 (x not read). ZERO: x is
+    known to be 0, so B, broadcast to x (A x + B only adds zeros to it, A being finite)."""
+    if ZERO:
+        y, _x = tl.broadcast(B, x)
+    else:
+        y = tl.where(A == 0, B, A * x + B)
+    return y
+
+
+@triton.jit
+def state_on(A, B, x):
+    """:func:`_on`: the state A x + B entering a block from the blocks before it, on a seed x [BN]."""
+    return _on(A, B, x)
 
 
 # Tile forms, chosen per launch by the constexpr GROUPED (launch.py decides from measurements):
@@ -89,9 +117,9 @@ def _suffix4(a0, a1, a2, a3, b0, b1, b2, b3):
     """Maps (A_j, B_j) from the state after step 3 to the state at step j of 4 steps in processing
     order 3, 2, 1, 0 (x_j = a_j x_{j+1} + b_j)."""
     A3, B3 = a3, b3
-    A2, B2 = a2 * A3, a2 * B3 + b2
-    A1, B1 = a1 * A2, a1 * B2 + b1
-    A0, B0 = a0 * A1, a0 * B1 + b0
+    A2, B2 = a2 * A3, tl.where(a2 == 0, b2, a2 * B3 + b2)
+    A1, B1 = a1 * A2, tl.where(a1 == 0, b1, a1 * B2 + b1)
+    A0, B0 = a0 * A1, tl.where(a0 == 0, b0, a0 * B1 + b0)
     return A0, A1, A2, A3, B0, B1, B2, B3
 
 
@@ -110,7 +138,7 @@ def _group_maps(b_a, b_b):
         A4, A5, A6, A7, B4, B5, B6, B7 = _suffix4(a4, a5, a6, a7, b4, b5, b6, b7)
         L0, L1, L2, L3, M0, M1, M2, M3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3)  # from the state at step 4
         A0, A1, A2, A3 = L0 * A4, L1 * A4, L2 * A4, L3 * A4
-        B0, B1, B2, B3 = L0 * B4 + M0, L1 * B4 + M1, L2 * B4 + M2, L3 * B4 + M3
+        B0, B1, B2, B3 = _on(L0, M0, B4), _on(L1, M1, B4), _on(L2, M2, B4), _on(L3, M3, B4)
     else:
         a0, a1, a2, a3 = _split4(b_a)
         b0, b1, b2, b3 = _split4(b_b)
@@ -120,29 +148,29 @@ def _group_maps(b_a, b_b):
 
 
 @triton.jit
-def _group_enter(A0, B0, b_carry):
+def _group_enter(A0, B0, b_carry, ZERO: tl.constexpr):
     """From the group aggregates (A0, B0) [G, BN] and the carry tile [G, BN] (see
     :func:`carry_tile`): the state entering each group, the new carry tile and the chunk's product of
     a [BN]. One forward scan across the groups (numbered in processing order)."""
     iA, iB, nA, nB = tl.associative_scan(
         (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, linear_combine_next
     )
-    b_enter = nA * b_carry + nB
+    b_enter = _on(nA, nB, b_carry, ZERO)
     # the chunk's aggregate, kept broadcast over the groups (one reduction, no [BN] -> tile broadcast)
     b_Ac = _edge(iA, 0, False, True)
     b_Bc = _edge(iB, 0, False, True)
-    return b_enter, b_Ac * b_carry + b_Bc, tl.sum(b_Ac, 0)  # [1, BN] -> [BN]
+    return b_enter, _on(b_Ac, b_Bc, b_carry, ZERO), tl.sum(b_Ac, 0)  # [1, BN] -> [BN]
 
 
 @triton.jit
-def _group_states(b_a, b_b, b_carry):
+def _group_states(b_a, b_b, b_carry, ZERO: tl.constexpr):
     """The states of a grouped chunk, as tiles: (x, x one step earlier in processing order, new
     carry tile, chunk's product of a)."""
     A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7 = _group_maps(b_a, b_b)
-    c, b_carry_new, b_Ac = _group_enter(A0, B0, b_carry)
-    x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
+    c, b_carry_new, b_Ac = _group_enter(A0, B0, b_carry, ZERO)
+    x0, x1, x2, x3 = _on(A0, B0, c), _on(A1, B1, c), _on(A2, B2, c), _on(A3, B3, c)
     if b_a.shape[2] == 8:
-        x4, x5, x6, x7 = A4 * c + B4, A5 * c + B5, A6 * c + B6, A7 * c + B7
+        x4, x5, x6, x7 = _on(A4, B4, c), _on(A5, B5, c), _on(A6, B6, c), _on(A7, B7, c)
         b_x = _join8(x0, x1, x2, x3, x4, x5, x6, x7)
         b_xn = _join8(x1, x2, x3, x4, x5, x6, x7, c)
     else:
@@ -152,7 +180,7 @@ def _group_states(b_a, b_b, b_carry):
 
 
 @triton.jit
-def _env_group_states(b_a, b_b, b_carry):
+def _env_group_states(b_a, b_b, b_carry, ZERO: tl.constexpr):
     """:func:`_group_states` of an env-major [BN, G, 4] chunk (groups along axis 1, carry [BN])."""
     a0, a1, a2, a3 = _split4(b_a)
     b0, b1, b2, b3 = _split4(b_b)
@@ -160,11 +188,11 @@ def _env_group_states(b_a, b_b, b_carry):
     iA, iB, nA, nB = tl.associative_scan(
         (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
     )
-    c = nA * b_carry[:, None] + nB
+    c = _on(nA, nB, b_carry[:, None], ZERO)
     b_Ac = _edge(iA, 1, False, False)
     b_Bc = _edge(iB, 1, False, False)
-    x0, x1, x2, x3 = A0 * c + B0, A1 * c + B1, A2 * c + B2, A3 * c + B3
-    return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), b_Ac * b_carry + b_Bc, b_Ac
+    x0, x1, x2, x3 = _on(A0, B0, c), _on(A1, B1, c), _on(A2, B2, c), _on(A3, B3, c)
+    return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), _on(b_Ac, b_Bc, b_carry, ZERO), b_Ac
 
 
 @triton.jit
@@ -205,38 +233,41 @@ def _edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
 
 
 @triton.jit
-def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr):
+def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr,
+               ZERO: tl.constexpr = False):  # fmt: skip
     """Scan of one chunk (see :func:`chunk`) seeded with the carry [BN] (the state before the chunk
     in processing order). Returns (x, new carry, the chunk's product of a), the last two being the
-    chunk's aggregate for multi-block scans."""
+    chunk's aggregate for multi-block scans. ZERO: the carry is known to be 0 (a block's first chunk
+    without a seed), so it is not applied."""
     if GROUPED > 0:
-        b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
+        b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO)
     elif GROUPED < -1:
-        b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry)
+        b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO)
     else:  # plain tiles; descending ones (GROUPED = -1) hold processing order, so they scan forward
         b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and GROUPED == 0)
-        b_x = b_A * b_carry[:, None] + b_B
+        b_x = _on(b_A, b_B, b_carry[:, None], ZERO)
         b_carry_new = _edge(b_x, 1, REVERSE and GROUPED == 0, False)
         b_Ac = _edge(b_A, 1, REVERSE and GROUPED == 0, False)
     return b_x, b_carry_new, b_Ac
 
 
 @triton.jit
-def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr):
+def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr,
+                    ZERO: tl.constexpr = False):  # fmt: skip
     """:func:`scan_chunk` of a recurrence that also returns the state one step earlier in processing
     order at each slot (x_{t+1} of a reverse recurrence; the carry at the chunk's first processed
     slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
     if GROUPED > 0:
-        b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry)
+        b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO)
     elif GROUPED < -1:
-        b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry)
+        b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO)
     else:
         b_A, b_B, b_nA, b_nB = tl.associative_scan(
             (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
             linear_combine_next, reverse=REVERSE and GROUPED == 0,
         )  # fmt: skip
-        b_x = b_A * b_carry[:, None] + b_B
-        b_xn = b_nA * b_carry[:, None] + b_nB
+        b_x = _on(b_A, b_B, b_carry[:, None], ZERO)
+        b_xn = _on(b_nA, b_nB, b_carry[:, None], ZERO)
         b_carry_new = _edge(b_x, 1, REVERSE and GROUPED == 0, False)
         b_Ac = _edge(b_A, 1, REVERSE and GROUPED == 0, False)
     return b_x, b_xn, b_carry_new, b_Ac
@@ -384,8 +415,9 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, ACC: tl.c
     base = (i_k // S) * S
     wA, wB = _fold_published(p_agg_a + row, p_agg_b + row, p_flag + row, base + o_s, base + o_s < i_k, E + 1, EPOCHS)
     if i_k % S == S - 1:  # the window's last block: publish the window's aggregate
-        tl.store(p_agg_a + inc + me, b_Al * wA)
-        tl.store(p_agg_b + inc + me, b_Al * wB + b_Bl)
+        b_WA, b_WB = linear_combine(wA, wB, b_Al, b_Bl)
+        tl.store(p_agg_a + inc + me, b_WA)
+        tl.store(p_agg_b + inc + me, b_WB)
         tl.atomic_xchg(p_flag + me, tl.full([1], 2, tl.int32) + E, sem="release")
     # the windows before this one (window j's aggregate sits at its last block, j * S + S - 1)
     b_pA = tl.full([1], 1.0, ACC)
@@ -398,7 +430,7 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, ACC: tl.c
     if EPOCHS:
         if i_k == NK - 1:  # the row's last block: every block of the row has read E (above)
             tl.store(p_epoch, E + 2)
-    return wA * b_pA, wA * b_pB + wB
+    return linear_combine(b_pA, b_pB, wA, wB)
 
 
 def tm_flag_buffer_size(nb: int, nk: int, w: int) -> int:
@@ -469,8 +501,9 @@ def lookback_envs(p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, S: tl.constexpr, EPOCH
     base = (i_k // S) * S
     wA, wB = _fold_tagged(p_w + row, p_w + plane + row, base + o_s, base + o_s < i_k, E + 1, W)
     if i_k % S == S - 1:  # the window's last block: publish the window's aggregate
-        tl.store(p_w + 2 * plane + me, _tagged(b_Al * wA, E + 2))
-        tl.store(p_w + 3 * plane + me, _tagged(b_Al * wB + b_Bl, E + 2))
+        b_WA, b_WB = linear_combine(wA, wB, b_Al, b_Bl)
+        tl.store(p_w + 2 * plane + me, _tagged(b_WA, E + 2))
+        tl.store(p_w + 3 * plane + me, _tagged(b_WB, E + 2))
     # the windows before this one (window j's aggregate sits at its last block, j * S + S - 1)
     b_pA = tl.full([W], 1.0, tl.float32)
     b_pB = tl.zeros([W], tl.float32)
@@ -480,7 +513,7 @@ def lookback_envs(p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, S: tl.constexpr, EPOCH
     if EPOCHS:
         if i_k == NK - 1:  # the row's last block: every block of the row has read E (see lookback)
             tl.store(p_flag + i_n, E + 2)
-    return wA * b_pA, wA * b_pB + wB
+    return linear_combine(b_pA, b_pB, wA, wB)
 
 
 @triton.jit
@@ -490,7 +523,7 @@ def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: 
     in registers, then :func:`lookback` (one env per program) or :func:`lookback_envs` (blocks of time-major
     envs, PHASE 4/5). Returns (A, B) of everything before the block, [1] or [BN]."""
     b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, GROUPED)
-    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, GROUPED)
+    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, GROUPED, True)
     if o_n.shape[0] == 1:
         b_A, b_B = lookback(
             p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED), E, ACC, S, EPOCHS
@@ -639,9 +672,15 @@ def hp_scalar(hi, lo, ACC: tl.constexpr):
 
 
 @triton.jit
+def flag_set(p_flag, off, mask):
+    """A flag in any stored dtype as a boolean (nonzero means set)."""
+    return tl.load(p_flag + off, mask=mask, other=0) != 0
+
+
+@triton.jit
 def load_flag(p_flag, off, mask, ACC: tl.constexpr):
     """A flag in any stored dtype as 0/1 in the accumulation dtype (nonzero means set)."""
-    return (tl.load(p_flag + off, mask=mask, other=0) != 0).to(ACC)
+    return flag_set(p_flag, off, mask).to(ACC)
 
 
 @triton.jit(do_not_specialize=["N"])

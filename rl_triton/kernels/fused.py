@@ -16,6 +16,13 @@ vectorise the loads; without it the kernels ran at half the speed (benchmarks/sc
 So a size class is a power-of-two bucket of ``T`` plus whether ``T`` is a multiple of 16.
 Retrace's number of actions is a constexpr (its tiles have an action axis), so each action count
 compiles once. The 2-byte dtypes compile their own variants (groups of 8 steps, kernels/core.py).
+
+Containment (SEMANTICS.md): what a zero flag factor multiplies is selected to 0 before it enters the
+arithmetic (v_next_t and E_t at terminated steps, c at done steps, the next values at truncations),
+and so is what the epilogues read there (q_t, X_t); the scan itself selects at zero coefficients
+(kernels/core.py), which needs finite coefficients: c_t = min(c_bar, ratio) takes c_bar for a NaN
+ratio. The first chunk of a block without a seed starts from the zero state, which the scan does not
+apply (ZERO).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import triton
 import triton.language as tl
 
 from . import core
-from .core import block_begin, block_end, chunk, env_block, hp_scalar, load_flag, scan_chunk, scan_chunk_next
+from .core import block_begin, block_end, chunk, env_block, hp_scalar, scan_chunk, scan_chunk_next
 
 
 @triton.jit
@@ -32,32 +39,33 @@ def step_context(
     p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    """Per-step flags (0/1 in ACC): term, trunc, boundary = trunc OR last step, and boot_t
-    (read only at boundary steps, so interior bootstrap entries cost no bandwidth)."""
-    b_term = load_flag(p_term, off, m, ACC)
+    """Per-step flags as booleans (the kernels select on them, or take them as 0/1 in ACC): term,
+    trunc, boundary = trunc OR last step; and boot_t (read only at boundary steps, so interior
+    bootstrap entries cost no bandwidth)."""
+    q_term = core.flag_set(p_term, off, m)
     if HAS_TRUNC:
-        b_trunc = load_flag(p_trunc, off, m, ACC)
+        q_trunc = core.flag_set(p_trunc, off, m)
     else:
-        b_trunc = tl.zeros_like(b_term)
+        q_trunc = tl.zeros(q_term.shape, tl.int1)
     b_is_last = o_t == T - 1
-    b_bnd = tl.where(b_is_last, 1.0, b_trunc).to(ACC)
-    b_boot = tl.zeros_like(b_term)
+    q_bnd = b_is_last | q_trunc
+    b_boot = tl.zeros(q_term.shape, ACC)
     if HAS_BOOT:
-        b_boot = tl.load(p_boot + off, mask=m & (b_bnd != 0), other=0).to(ACC)
+        b_boot = tl.load(p_boot + off, mask=m & q_bnd, other=0).to(ACC)
     if HAS_LAST:
         b_lv = tl.load(p_last + o_n, mask=m_n, other=0).to(ACC)  # env-shaped ([BN, 1(, 1)])
         b_boot = tl.where(b_is_last, b_lv, b_boot)
-    return b_term, b_trunc, b_bnd, b_boot
+    return q_term, q_trunc, q_bnd, b_boot
 
 
 @triton.jit
-def next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: tl.constexpr, ST=1):
-    """v_next_t: boot_t at boundary steps, values_{t+1} elsewhere (ST elements further on: the rows'
-    core.time_stride); with NEXT_ALL, p_boot holds V(s_{t+1}) for every step and is read everywhere."""
+def next_value(p_v, p_boot, off, m, q_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: tl.constexpr, ST=1):
+    """v_next_t: boot_t at boundary steps (q_bnd), values_{t+1} elsewhere (ST elements further on: the
+    rows' core.time_stride); with NEXT_ALL, p_boot holds V(s_{t+1}) for every step and is read everywhere."""
     if NEXT_ALL:
         return tl.load(p_boot + off, mask=m, other=0).to(ACC)
-    b_v1 = tl.load(p_v + off + ST, mask=m & (b_bnd == 0), other=0).to(ACC)
-    return tl.where(b_bnd != 0, b_boot, b_v1)
+    b_v1 = tl.load(p_v + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
+    return tl.where(q_bnd, b_boot, b_v1)
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
@@ -98,21 +106,23 @@ def gae_kernel(
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
-        b_term, b_trunc, b_bnd, b_boot = step_context(
+        q_term, q_trunc, q_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
         )
         b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
         b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
-        b_vnext = next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL, ACC, ST)
-        b_delta = b_r + gamma * (1 - b_term) * b_vnext - b_v
-        b_a = tl.where(m, gl * (1 - tl.maximum(b_term, b_trunc)), 1.0)
+        # v_next_t is not read at terminated steps: 0 there, which also stands for the factor (1 - term_t)
+        # (selects of the factors' values where products by them were: the same numbers, fewer instructions)
+        b_vnext = tl.where(q_term, 0.0, next_value(p_v, p_boot, off, m, q_bnd, b_boot, NEXT_ALL, ACC, ST))
+        b_delta = b_r + gamma * b_vnext - b_v
+        b_a = tl.where(m, tl.where(q_term | q_trunc, 0.0, gl), 1.0)
         b_b = tl.where(m, b_delta, 0.0)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
-        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
+        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED, ONE and PHASE < 2)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_adv + off, b_x, mask=m)
@@ -131,21 +141,24 @@ def vtrace_step(
     ACC: tl.constexpr, ST=1,
 ):  # fmt: skip
     """V-trace prologue at the steps ``o_t``: (a, b) of D_t = b + a D_{t+1}, plus what the
-    epilogue needs (rho, r, v, term, boundary, v_next). ST: the rows' core.time_stride."""
-    b_term, b_trunc, b_bnd, b_boot = step_context(
+    epilogue needs (rho, r, v, term, boundary, v_next). ST: the rows' core.time_stride. v_next is 0
+    at terminated steps and c_t is not read at done ones; the boundary flag returned marks terminated
+    steps too, where the epilogue's q_t is v_next (0) rather than vs_{t+1}."""
+    q_term, q_trunc, q_bnd, b_boot = step_context(
         p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
     )
     b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
     b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
-    b_vnext = next_value(p_v, p_boot, off, m, b_bnd, b_boot, NEXT_ALL, ACC, ST)
+    b_vnext = tl.where(q_term, 0.0, next_value(p_v, p_boot, off, m, q_bnd, b_boot, NEXT_ALL, ACC, ST))
     b_lpt = tl.load(p_lpt + off, mask=m, other=0).to(ACC)
     b_lpb = tl.load(p_lpb + off, mask=m, other=0).to(ACC)
     b_ratio = tl.exp(b_lpt - b_lpb)
     b_rho = tl.minimum(b_ratio, rho_bar)
-    b_c = tl.minimum(b_ratio, c_bar)
-    b_a = gamma * b_c * (1 - tl.maximum(b_term, b_trunc))
-    b_b = b_rho * (b_r + gamma * (1 - b_term) * b_vnext - b_v)
-    return b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext
+    # min(ratio, c_bar) as a select, c_bar for a NaN ratio on every backend (tl.minimum's on the GPU)
+    b_c = tl.where(b_ratio < c_bar, b_ratio, c_bar)
+    b_a = tl.where(q_term | q_trunc, 0.0, gamma * b_c)
+    b_b = b_rho * (b_r + gamma * b_vnext - b_v)  # v_next (0 at terminated steps) stands for (1 - term) v_next
+    return b_a, b_b, b_rho, b_r, b_v, q_term, q_bnd | q_term, b_vnext
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
@@ -181,7 +194,7 @@ def vtrace_kernel(
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
-        b_a, b_b, b_rho, b_r, b_v, b_term, b_bnd, b_vnext = vtrace_step(
+        b_a, b_b, b_rho, b_r, b_v, q_term, q_bnd, b_vnext = vtrace_step(
             p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T,
             gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC, ST,
         )  # fmt: skip
@@ -192,16 +205,17 @@ def vtrace_kernel(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
-        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED, ONE and PHASE < 2)
         b_Ablk *= b_Ac
         if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
-            b_v1 = tl.load(p_v + off + ST, mask=m & (b_bnd == 0), other=0).to(ACC)
+            b_v1 = tl.load(p_v + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
         else:
             b_v1 = b_vnext
-        b_q = tl.where(b_bnd != 0, b_vnext, b_v1 + b_d1)  # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer
+        # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer; v_next (0) at terminated steps too
+        b_q = tl.where(q_bnd, b_vnext, b_v1 + b_d1)
         if PHASE != 1:
             tl.store(p_vs + off, b_v + b_d, mask=m)
-            tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_q - b_v), mask=m)
+            tl.store(p_adv + off, b_rho * (b_r + gamma * b_q - b_v), mask=m)  # q_t is 0 at terminated steps
     b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
@@ -259,8 +273,10 @@ def retrace_step(
     pi(a_t | s_t) out of the weights tile instead of gathering the same bytes again. Without them the
     loads keep their order (the code is the same as before they existed: placing the gather of
     pi(a_t | s_t) after the action tiles cost 15% with 18 actions on the H200, 424 vs 368 us at
-    4096x2048). ST: the rows' core.time_stride (the next step's offset is off + ST)."""
-    b_term, b_trunc, b_bnd, _ = step_context(
+    4096x2048). ST: the rows' core.time_stride (the next step's offset is off + ST). c_{t+1} is not
+    read at done steps nor E_t at terminated ones (0); the boundary flag returned marks terminated
+    steps too, where the epilogue's X_t is E_t (0) rather than q_targets_{t+1}."""
+    q_term, q_trunc, q_bnd, _ = step_context(
         p_term, p_trunc, p_term, p_term, off, o_t, o_t, m, m, T, HAS_TRUNC, False, False, ACC
     )
     b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
@@ -275,16 +291,17 @@ def retrace_step(
         b_pi = tl.load(p_pt + off * A + b_act, mask=m_act, other=float("nan")).to(ACC)
     b_ratio = b_pi / tl.load(p_pb + off, mask=m, other=1).to(ACC)
     b_rho = tl.minimum(b_ratio, rho_bar)
-    # c_{t+1}; zero past the last step.
+    # c_{t+1}; zero past the last step. min(ratio, c_bar) as a select: c_bar for a NaN ratio (an action out of
+    # range) on every backend, as tl.minimum gives on the GPU, so that the coefficient stays finite.
     m1 = m & (o_t + 1 < T)
     if SHIFT:
-        b_c1 = tl.where(m1, _env_next(lmbda * tl.minimum(b_ratio, c_bar)), 0.0)
+        b_c1 = tl.where(m1, _env_next(lmbda * tl.where(b_ratio < c_bar, b_ratio, c_bar)), 0.0)
     else:
         b_act1 = tl.load(p_act + off + ST, mask=m1, other=0)
         m_act1 = m1 & (b_act1 >= 0) & (b_act1 < A)
         b_pi1 = tl.load(p_pt + (off + ST) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
         b_ratio1 = b_pi1 / tl.load(p_pb + off + ST, mask=m1, other=1).to(ACC)
-        b_c1 = tl.where(m1, lmbda * tl.minimum(b_ratio1, c_bar), 0.0)
+        b_c1 = tl.where(m1, lmbda * tl.where(b_ratio1 < c_bar, b_ratio1, c_bar), 0.0)
     # E_t = sum_a w[t, a] Q(s_{t+1}, a), from [..., W] tiles: the A actions of a step are contiguous, so
     # the rows load as vectors (A is a constexpr); a loop over actions loaded every A-th element instead.
     # PIECES: one tile per binary digit of A (18 = 16 + 2), no padded lanes; else one tile of AP.
@@ -296,9 +313,10 @@ def retrace_step(
                 b_e += _action_dot(p_w, p_nq, off, m, A, (A >> (21 - j)) << (21 - j), 1 << (20 - j), ACC)
     elif not PI_TILE:
         b_e = _action_dot(p_w, p_nq, off, m, A, 0, AP, ACC)
-    b_a = gamma * b_c1 * (1 - tl.maximum(b_term, b_trunc))
-    b_b = b_r + gamma * (1 - b_term) * b_e - b_q
-    return b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e
+    b_a = tl.where(q_term | q_trunc, 0.0, gamma * b_c1)
+    b_e = tl.where(q_term, 0.0, b_e)
+    b_b = b_r + gamma * b_e - b_q  # E_t (0 at terminated steps) stands for (1 - term) E_t
+    return b_a, b_b, b_rho, b_r, b_q, q_term, q_bnd | q_term, b_e
 
 
 @triton.jit(
@@ -360,7 +378,7 @@ def retrace_kernel(
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
-        b_a, b_b, b_rho, b_r, b_q, b_term, b_bnd, b_e = retrace_step(
+        b_a, b_b, b_rho, b_r, b_q, q_term, q_bnd, b_e = retrace_step(
             p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
             gamma, lmbda, c_bar, rho_bar, A, AP, PIECES, HAS_TRUNC, ACC, SHIFT, PI_TILE, ST,
         )  # fmt: skip
@@ -371,16 +389,16 @@ def retrace_kernel(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
-        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED)
+        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED, ONE and PHASE < 2)
         b_Ablk *= b_Ac
         if SHIFT:  # q_{t+1} from registers (used only where t is no boundary, so t + 1 < T)
             b_q1 = _env_next(b_q)
         else:
-            b_q1 = tl.load(p_q + off + ST, mask=m & (b_bnd == 0), other=0).to(ACC)
-        b_x = tl.where(b_bnd != 0, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer
+            b_q1 = tl.load(p_q + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
+        b_x = tl.where(q_bnd, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer; E_t (0) at terminated steps
         if PHASE != 1:
             tl.store(p_qt + off, b_q + b_d, mask=m)
-            tl.store(p_adv + off, b_rho * (b_r + gamma * (1 - b_term) * b_x - b_q), mask=m)
+            tl.store(p_adv + off, b_rho * (b_r + gamma * b_x - b_q), mask=m)  # X_t is 0 at terminated steps
     b_carry = core.carry_row(b_carry, GROUPED)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
@@ -418,11 +436,13 @@ def returns_kernel(
     b_carry = core.carry_tile(b_carry, BT, GROUPED)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
-        b_term, b_trunc, b_bnd, b_boot = step_context(
+        q_term, q_trunc, q_bnd, b_boot = step_context(
             p_term, p_trunc, p_boot, p_boot, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, False, ACC
         )
+        b_trunc = q_trunc.to(ACC)
         b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
-        # X_t minus its recursive part: boot at truncations, (1-lam) nv + lam boot at the last step.
+        # X_t minus its recursive part: boot at truncations, (1-lam) nv + lam boot at the last step; the next
+        # values are not read at truncations (X_t = boot_t), nor X_t at terminated steps (selected to 0).
         if HAS_NV and EXACT_T:
             # A sum of two products, of which the compiler contracts one into an FMA, and which one depends
             # on the tile layout (sm_90 PTX, with truncateds and 8 warps: the form below the else contracts
@@ -430,22 +450,25 @@ def returns_kernel(
             # compiler, the EXACT_T form contracted nv's at 16x4, 16x8 and 64x8). Spelled out as an FMA of
             # boot's product: the same bits as the other form at every number of envs but those two
             # layouts' (33-64 envs at T = 4, 17-32 at T = 8), and a row's bits independent of the number.
-            b_nv = tl.load(p_nv + off, mask=m, other=0).to(ACC)
+            b_nv = tl.where(q_trunc, 0.0, tl.load(p_nv + off, mask=m, other=0).to(ACC))
             b_x = tl.fma(b_boot, b_trunc + lmbda * (1 - b_trunc), (1 - b_trunc) * (1 - lmbda) * b_nv)
         else:
             b_x = b_boot * (b_trunc + lmbda * (1 - b_trunc))
             if HAS_NV:
-                b_nv = tl.load(p_nv + off, mask=m, other=0).to(ACC)
+                b_nv = tl.where(q_trunc, 0.0, tl.load(p_nv + off, mask=m, other=0).to(ACC))
                 b_x += (1 - b_trunc) * (1 - lmbda) * b_nv
-        b_disc = gamma * (1 - b_term)
-        b_a = tl.where(m, b_disc * lmbda * (1 - b_bnd), 1.0)
-        b_b = tl.where(m, b_r + b_disc * b_x, 0.0)
+        b_x = tl.where(q_term, 0.0, b_x)  # also stands for the factor (1 - term_t) of gamma (1 - term_t) X_t
+        b_a = tl.where(m, tl.where(q_term | q_bnd, 0.0, gamma * lmbda), 1.0)  # where gamma (1-term) lam (1-bnd) was
+        if HAS_BOOT or HAS_NV:
+            b_b = tl.where(m, b_r + gamma * b_x, 0.0)
+        else:  # X_t minus its recursive part is 0 (r + gamma 0 is r)
+            b_b = tl.where(m, b_r, 0.0)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
-        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED)
+        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED, ONE and PHASE < 2)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_g + off, b_g, mask=m)
@@ -484,21 +507,21 @@ def forward_trace_kernel(
     if HAS_SEED:
         b_seed = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
         if PHASE == 0 or PHASE == 2:  # the state entering the block: (A, B) of the blocks before it, on the seed
-            b_carry += b_Apre * b_seed
+            b_carry = core.state_on(b_Apre, b_carry, b_seed)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, False, False, ST)
         if STARTS_AT:
-            b_done = load_flag(p_done, off, m, ACC)
+            q_done = core.flag_set(p_done, off, m)
         else:
-            b_done = load_flag(p_done, off - ST, m & (o_t >= 1), ACC)
-        b_a = tl.where(m, scale * (1 - b_done), 1.0)
+            q_done = core.flag_set(p_done, off - ST, m & (o_t >= 1))
+        b_a = tl.where(m, tl.where(q_done, 0.0, scale), 1.0)  # a select where scale * (1 - done) was
         b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
         if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
             b_apre3, b_bpre3 = core.lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, False, False, ACC, NKP, PHASE == 5
             )
-            b_carry = core.carry_tile(b_bpre3 + b_apre3 * b_seed, BT, False)
-        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, False)
+            b_carry = core.carry_tile(core.state_on(b_apre3, b_bpre3, b_seed), BT, False)
+        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, False, ONE and PHASE < 2 and not HAS_SEED)
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_out + off, b_y, mask=m)
