@@ -7,6 +7,11 @@ one call (``t``: name -> tensor or None, floats in the call's dtype, flags as st
 hyper-parameters (``s``), the accumulation dtype and a differentiable scan, and returns its
 outputs in the accumulation dtype. The formulas are those of SEMANTICS.md; the fused kernels in
 :mod:`rl_triton.kernels.fused` compute the same prologues and epilogues in registers.
+
+Containment (SEMANTICS.md): what a zero flag factor multiplies, or what is not read, is selected
+away (``torch.where``) before it enters the arithmetic, so that a NaN or an infinity there changes
+nothing, not even a gradient; the scan is contained too (:mod:`rl_triton.scan`). With finite inputs
+a select gives what the product by zero gave (up to the sign of a zero).
 """
 
 from __future__ import annotations
@@ -52,7 +57,12 @@ def _bootstrap(t: Tensors, bnd: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     last = _float(t, "last_value", acc)
     if last is not None:
         boot = torch.cat([boot[:, :-1], last.reshape(-1, 1)], dim=1)
-    return boot * bnd
+    return torch.where(bnd.bool(), boot, 0.0)
+
+
+def _unless(flag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x where the 0/1 ``flag`` is clear, 0 where it is set (x is not read there)."""
+    return torch.where(flag.bool(), 0.0, x)
 
 
 def _next_values(t: Tensors, s: dict, values: torch.Tensor, bnd: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
@@ -69,9 +79,9 @@ def gae(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor
     v = _float(t, "values", acc)
     term, trunc, bnd = _boundary(t, r)
     done = torch.maximum(term, trunc)
-    v_next = _next_values(t, s, v, bnd, acc)
+    v_next = _unless(term, _next_values(t, s, v, bnd, acc))
     delta = r + s["gamma"] * (1 - term) * v_next - v
-    a = s["gamma"] * s["lambda_"] * (1 - done)
+    a = _unless(done, s["gamma"] * s["lambda_"] * (1 - done))
     return (scan(a, delta, None, True),)
 
 
@@ -88,17 +98,20 @@ def vtrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Ten
     v = _float(t, "values", acc)
     term, trunc, bnd = _boundary(t, r)
     done = torch.maximum(term, trunc)
-    v_next = _next_values(t, s, v, bnd, acc)
+    v_next = _unless(term, _next_values(t, s, v, bnd, acc))
     # Importance weights are constants for the gradient (IMPALA stops gradients through them).
     ratio = torch.exp(_float(t, "log_pi_target", acc) - _float(t, "log_pi_behavior", acc)).detach()
     rho = torch.clamp(ratio, max=s["rho_bar"])
     c = torch.clamp(ratio, max=s["c_bar"])
     target = r + s["gamma"] * (1 - term) * v_next
     delta = rho * (target - v)
-    d = scan(s["gamma"] * c * (1 - done), delta, None, True)
+    d = scan(_unless(done, s["gamma"] * c * (1 - done)), delta, None, True)
     vs = v + d
-    # q_t: vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer, v_next_t at boundary steps.
-    q = torch.where(bnd.bool(), v_next, shift(v, towards_future=True) + shift(d, towards_future=True))
+    # q_t: vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer, v_next_t at boundary steps (and at
+    # terminated ones, where v_next is 0: q_t is not read there).
+    q = torch.where(
+        torch.maximum(bnd, term).bool(), v_next, shift(v, towards_future=True) + shift(d, towards_future=True)
+    )
     adv = rho * (r + s["gamma"] * (1 - term) * q - v)
     return vs, adv
 
@@ -115,12 +128,15 @@ def retrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Te
     rho = torch.clamp(ratio, max=s["rho_bar"])
     weights = _float(t, "next_action_probs_target", acc)
     weights = probs if weights is None else weights.detach()
-    expected = (weights * _float(t, "next_q_values_all", acc)).sum(-1)
+    # E_t is not read at terminated steps: both factors selected away there, so that neither the value
+    # nor the gradient of next_q_values_all depends on what is stored at such a step.
+    stop = term.bool().unsqueeze(-1)
+    expected = (torch.where(stop, 0.0, weights) * torch.where(stop, 0.0, _float(t, "next_q_values_all", acc))).sum(-1)
     delta = r + s["gamma"] * (1 - term) * expected - q
-    a = s["gamma"] * shift(c, towards_future=True) * (1 - done)
+    a = _unless(done, s["gamma"] * shift(c, towards_future=True) * (1 - done))
     d = scan(a, delta, None, True)
     q_targets = q + d
-    x = torch.where(bnd.bool(), expected, shift(q_targets, towards_future=True))
+    x = torch.where(torch.maximum(bnd, term).bool(), expected, shift(q_targets, towards_future=True))
     adv = rho * (r + s["gamma"] * (1 - term) * x - q)
     return q_targets, adv
 
@@ -133,11 +149,12 @@ def lambda_returns(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[t
     lam = s["lambda_"]
     nv = _float(t, "next_values", acc)
     # X_t without the recursive part: boot at truncations; (1-lam) nv_t + lam boot_t at the last step.
+    # next_values are not read at truncations, nor X_t at terminated steps.
     x_const = lam * boot * (1 - trunc) + trunc * boot
     if nv is not None:
-        x_const = x_const + (1 - trunc) * (1 - lam) * nv
+        x_const = x_const + (1 - trunc) * (1 - lam) * _unless(trunc, nv)
     disc = s["gamma"] * (1 - term)
-    return (scan(disc * lam * (1 - bnd), r + disc * x_const, None, True),)
+    return (scan(disc * lam * (1 - bnd), r + disc * _unless(term, x_const), None, True),)
 
 
 def returns_advantages(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor, torch.Tensor]:

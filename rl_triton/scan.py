@@ -8,6 +8,9 @@ of the kernel path. Its backward is itself a linear scan in the opposite directi
 coefficients shifted by one step (for the reverse recurrence, ``g_b[t] = g_x[t] + a[t-1] g_b[t-1]``),
 so gradients cost one more scan, run by the same implementation as the forward (a Triton kernel
 on the kernel path, a loop over time vectorised across envs on the PyTorch path).
+
+Both are contained (SEMANTICS.md): where ``a_t == 0`` the state before is not read, ``x_t = b_t``,
+even when that state is NaN or infinite (``0 * x + b`` would be NaN).
 """
 
 from __future__ import annotations
@@ -20,13 +23,24 @@ RawScan = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", bool], to
 
 
 def torch_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool) -> torch.Tensor:
-    """Loop over time, vectorised across envs. ``a``, ``b``: (N, T); ``init``: (N,) or None."""
+    """Loop over time, vectorised across envs. ``a``, ``b``: (N, T); ``init``: (N,) or None. Contained: the
+    loop selects ``b_t`` where ``a_t == 0``, only when the plain loop met a NaN or an infinity (with finite
+    states the two are the same, and the plain loop is half the operations per step)."""
+    out = _loop(a, b, init, reverse, None)
+    if not bool(torch.isfinite(out).all()):
+        out = _loop(a, b, init, reverse, a == 0)
+    return out
+
+
+def _loop(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool, zero: torch.Tensor | None):
     n, t_len = b.shape
     out = torch.empty_like(b)
     x = torch.zeros(n, dtype=b.dtype, device=b.device) if init is None else init.to(b.dtype)
     steps = range(t_len - 1, -1, -1) if reverse else range(t_len)
     for t in steps:
         x = torch.addcmul(b[:, t], a[:, t], x)
+        if zero is not None:
+            x = torch.where(zero[:, t], b[:, t], x)
         out[:, t] = x
     return out
 
