@@ -186,8 +186,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, r
 
 def check(name: str, *args, atol: float, rtol: float, **kwargs):
     """Runs rl_triton.<name> and tests.reference.<name> on the same inputs and compares: values,
-    shape, dtype (the inputs' float dtype), device (the inputs' device), inputs left unmodified."""
-    out = call_unmutated(getattr(rl_triton, name), *args, **kwargs)
+    shape, dtype (the inputs' float dtype), device (the inputs' device), inputs left unmodified. A ``plan``
+    keyword goes to rl_triton only."""
+    plan = kwargs.pop("plan", None)
+    out = call_unmutated(getattr(rl_triton, name), *args, **kwargs, **({"plan": plan} if plan is not None else {}))
     ref = getattr(reference, name)(*args, **kwargs)
     dtype = _float_dtype(args, kwargs)
     device = next(a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))

@@ -1,9 +1,13 @@
 """compute_retrace against the float64 reference, hand-computed values and edge cases."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import rl_triton
+from rl_triton.kernels import plans
+from rl_triton.kernels.plans import Form
 from tests import reference
 from tests._helpers import (
     DTYPE_IDS,
@@ -171,28 +175,25 @@ def test_golden(path):
     ],
 )
 @kernel_paths
-def test_sweep_forms(path, monkeypatch, form, shape, num_actions):
-    """Tile forms on shapes where the policy would not choose them: one action tile per binary digit
-    of A for few actions (launch._RETRACE_PIECES_MIN_AP), env-major groups for short rows."""
+def test_sweep_forms(path, form, shape, num_actions):
+    """Tile forms on shapes where the policy would not choose them: one action tile per binary digit of A for
+    few actions (an explicit plan), and the env-major groups the policy picks for short rows."""
     if not path.is_kernel:
         pytest.skip("a kernel tile form")
-    from rl_triton.kernels import launch
-
+    chosen = plans.choose("retrace", *shape, torch.float32, num_actions=num_actions)
+    plan = None
     if form == "pieces":
-        monkeypatch.setattr(launch, "_RETRACE_PIECES_MIN_AP", 1)
-        assert launch.retrace_layout(*shape, num_actions, torch.float32).pieces
+        plan = dataclasses.replace(chosen, pieces=True, pi_tile=False)
     else:
-        assert launch.retrace_layout(*shape, num_actions, torch.float32).group == -4
+        assert chosen.form is Form.ENV_GROUPS
     args, kwargs = make_case(shape, num_actions=num_actions, device=path.device)
-    check(FN, *args, **kwargs, **F32_TOL)
+    check(FN, *args, **kwargs, plan=plan, **F32_TOL)
 
 
-# Env-major kernel variants of short rows (launch.retrace_layout; kernels/fused.py's retrace_kernel):
-# the row length as a constexpr (E: EXACT_T, rows of T == BT), c_{t+1} and q_{t+1} shifted in
-# registers (S: SHIFT), pi(a_t | s_t) from the weights tile (P: PI_TILE), the last two on rows of
-# T == BT only; programs of (steps, warps) that give each thread half a row (1024, 8: the default), a
-# whole row (1024, 4; 512, 2) or two rows (2048, 4).
-_ENV_KNOBS = {"E": "_RETRACE_EXACT_T", "S": "_RETRACE_SHIFT", "P": "_RETRACE_PI_TILE"}
+# Env-major kernel variants of short rows (kernels/fused.py's retrace_kernel): the row length as a constexpr (E:
+# exact_t, rows of T == BT), c_{t+1} and q_{t+1} shifted in registers (S: shift), pi(a_t | s_t) from the weights
+# tile (P: pi_tile), the last two on rows of T == BT only; programs of (steps, warps) that give each thread half a
+# row (1024, 8: the default), a whole row (1024, 4; 512, 2) or two rows (2048, 4).
 _ENV_VARIANTS = [
     ("", 1024, 8), ("E", 1024, 8), ("ES", 1024, 8), ("EP", 1024, 8), ("ESP", 1024, 8), ("ESP", 1024, 4),
     ("ES", 512, 2), ("EP", 2048, 4),
@@ -207,61 +208,64 @@ _ENV_CASES = [
 ]
 
 
-def _env_variant(monkeypatch, variant):
-    from rl_triton.kernels import launch
-
-    flags, block, warps = variant
-    for letter, knob in _ENV_KNOBS.items():
-        monkeypatch.setattr(launch, knob, letter in flags)
-    monkeypatch.setattr(launch, "_RETRACE_ENV_MAJOR_BLOCK", block)
-    monkeypatch.setattr(launch, "_RETRACE_ENV_MAJOR_WARPS", warps)
-    return launch
+def _env_plan(variant, shape, num_actions):
+    """The env-major plan of a variant: programs of ``steps`` (at 4 actions, scaled by the padded actions) and
+    ``warps``, with the letters' flags where rows are exactly one chunk."""
+    flags, steps, warps = variant
+    n, t = (1, shape[0]) if len(shape) == 1 else shape
+    base = plans.tile(n, t, block=max(128, steps * 4 // plans.pow2(num_actions)))
+    exact = "E" in flags and t == base.bt
+    return dataclasses.replace(
+        base, warps=warps, form=Form.ENV_GROUPS, exact_t=exact, shift=exact and "S" in flags,
+        pi_tile=exact and "P" in flags, row_div=1 if exact else plans.row_div(t),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", _ENV_VARIANTS, ids=lambda v: f"{v[0] or 'plain'}-{v[1]}-w{v[2]}")
 @pytest.mark.parametrize("shape, num_actions, next_probs", _ENV_CASES)
 @kernel_paths
-def test_env_major_variants(path, monkeypatch, variant, shape, num_actions, next_probs):
+def test_env_major_variants(path, variant, shape, num_actions, next_probs):
     if not path.is_kernel:
         pytest.skip("a kernel tile form")
-    launch = _env_variant(monkeypatch, variant)
-    form = launch.retrace_layout(1 if len(shape) == 1 else shape[0], shape[-1], num_actions, torch.float32)
-    assert form.group == -4
-    exact = "E" in variant[0] and shape[-1] in (4, 8)
-    assert (form.exact_t, form.shift, form.pi_tile) == (exact, exact and "S" in variant[0], exact and "P" in variant[0])
+    plan = _env_plan(variant, shape, num_actions)
     args, kwargs = make_case(shape, num_actions=num_actions, device=path.device, next_probs=next_probs)
-    check(FN, *args, **kwargs, **F32_TOL)
+    check(FN, *args, **kwargs, plan=plan, **F32_TOL)
+
+
+def test_env_major_policy():
+    """Short rows of few actions take env-major groups with all three variants where rows are exactly one chunk
+    (the default programs: 1024 steps at 4 actions, 8 warps), none of them otherwise."""
+    for shape, num_actions in [((300, 8), 4), ((9, 4), 4), ((3, 8), 2), ((70, 5), 3), ((5, 8), 1)]:
+        chosen = plans.choose("retrace", *shape, torch.float32, num_actions=num_actions)
+        assert chosen == _env_plan(("ESP", 1024, 8), shape, num_actions), shape
 
 
 @pytest.mark.parametrize("variant", [("", 1024, 8), ("ESP", 1024, 4)], ids=["plain", "ESP"])
 @kernel_paths
-def test_env_major_variants_bfloat16(path, monkeypatch, variant):
+def test_env_major_variants_bfloat16(path, variant):
     if not path.is_kernel:
         pytest.skip("a kernel tile form")
-    _env_variant(monkeypatch, variant)
     dtype, atol, rtol = next(p.values for p in FLOAT_DTYPES if p.values[0] == torch.bfloat16)
     args, kwargs = make_case((40, 8), device=path.device, dtype=dtype, flag_dtype=dtype)
-    check(FN, *args, **kwargs, atol=atol, rtol=rtol)
+    check(FN, *args, **kwargs, plan=_env_plan(variant, (40, 8), 4), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("variant", [("ESP", 1024, 8), ("ESP", 1024, 4)], ids=["ESP", "ESP-w4"])
 @pytest.mark.parametrize("shape", [(64, 8), (64, 4)], ids=["N64-T8", "N64-T4"])
 @cuda_path
-def test_env_major_variants_out_of_range_actions(path, monkeypatch, variant, shape):
+def test_env_major_variants_out_of_range_actions(path, variant, shape):
     """On CUDA actions are not range-checked: with an action outside [0, A), the variants give what the
     plain env-major form gives (NaN where that has NaN), and the other envs' outputs are unaffected."""
     if path.name != "cuda":
         pytest.skip("CPU actions are range-checked (tests/test_errors.py)")
     args, kwargs = make_case(shape, device=path.device)
-    _env_variant(monkeypatch, ("", 1024, 8))
-    good = rl_triton.compute_retrace(*args, **kwargs)
+    plain_plan, variant_plan = _env_plan(("", 1024, 8), shape, 4), _env_plan(variant, shape, 4)
+    good = rl_triton.compute_retrace(*args, **kwargs, plan=plain_plan)
     for bad in (-1, 4):
         args[4] = args[4].clone()
         args[4][1, 3] = bad
-        _env_variant(monkeypatch, ("", 1024, 8))
-        plain = rl_triton.compute_retrace(*args, **kwargs)
-        _env_variant(monkeypatch, variant)
-        got = rl_triton.compute_retrace(*args, **kwargs)
+        plain = rl_triton.compute_retrace(*args, **kwargs, plan=plain_plan)
+        got = rl_triton.compute_retrace(*args, **kwargs, plan=variant_plan)
         rest = torch.arange(shape[0], device=path.device) != 1
         for g, p, ok in zip(got, plain, good, strict=True):
             torch.testing.assert_close(g, p, atol=0, rtol=1e-6, equal_nan=True)

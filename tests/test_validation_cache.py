@@ -64,10 +64,10 @@ def test_non_contiguous_and_cpu_actions_are_never_cached():
 
 
 @kernel_paths
-def test_the_entry_keeps_launch_plans_dropped_when_a_launch_knob_changes(path):
-    """On the kernel path a cached signature keeps its launch plans (kernels/launch.py); setting any
-    attribute of the launch module (its tuning knobs) drops them with the whole cache."""
-    from rl_triton.kernels import launch
+def test_the_entry_keeps_its_launches(path):
+    """On the kernel path a cached signature keeps the launches of its chosen plan, and of every explicit plan a
+    call passed, each under its own key; the same plan given explicitly gives the same bits."""
+    from rl_triton.kernels import launch, plans
 
     if not path.is_kernel:
         pytest.skip("launch plans belong to the kernel path")
@@ -76,10 +76,11 @@ def test_the_entry_keeps_launch_plans_dropped_when_a_launch_knob_changes(path):
     term = torch.zeros(3, 40, dtype=torch.bool, device=d)
     first = _gae(r, v, term)
     (entry,) = _validation._CACHE.values()
-    assert entry[-1] and all(isinstance(plan, launch._Plan) for plan in entry[-1].values())
-    launch._BLOCK = launch._BLOCK  # any setattr, even of the same value
-    assert not _validation._CACHE
-    torch.testing.assert_close(_gae(r, v, term), first, rtol=0, atol=0)
+    assert len(entry.plans) == 1 and all(isinstance(x, launch._Launch) for x in entry.plans.values())
+    chosen = plans.choose("gae", 3, 40, torch.float32)
+    again = _gae(r, v, term, plan=chosen)
+    assert len(entry.plans) == 2 and any(chosen in key for key in entry.plans)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("one_d", [False, True], ids=["2d", "1d"])

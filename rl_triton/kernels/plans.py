@@ -226,7 +226,8 @@ def _grouped_form(plan: Plan, dtype: torch.dtype) -> Form:
     return Form.GROUPS4
 
 
-def _row_div(t: int) -> int:
+def row_div(t: int) -> int:
+    """The largest of 8 and 4 dividing ``t`` that tells Triton more than its own multiple-of-16 class (else 1)."""
     if t % 16 == 0:
         return 1
     return 8 if t % 8 == 0 else 4 if t % 4 == 0 else 1
@@ -263,9 +264,9 @@ def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
     else:
         exact = _one_chunk_rows(plan, t) and plan.bn == 1 and t == plan.bt > ENV_GROUPS_MAX_BT
         exact = exact and kind in _EXACT_ONE_CHUNK
-        plan = replace(plan, form=form, exact_t=exact, whole=_whole(kind, plan, t, dtype), row_div=_row_div(t))
+        plan = replace(plan, form=form, exact_t=exact, whole=_whole(kind, plan, t, dtype), row_div=row_div(t))
     if kind == "forward":  # the forward scans: plain tiles, no exact rows
-        return replace(plan, form=Form.PLAIN, exact_t=False, row_div=_row_div(t))
+        return replace(plan, form=Form.PLAIN, exact_t=False, row_div=row_div(t))
     return plan if not plan.exact_t else replace(plan, row_div=1)
 
 
@@ -291,10 +292,10 @@ def _retrace(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Plan:
         ):  # fmt: skip
             plan = replace(plan, maxnreg=_RETRACE_SINGLE_CAP)
         whole = form is not Form.PLAIN and _whole("retrace", plan, t, dtype)
-        return replace(plan, form=form, whole=whole, row_div=_row_div(t))
+        return replace(plan, form=form, whole=whole, row_div=row_div(t))
     exact = t == plan.bt and plan.split is Split.SINGLE
     return replace(
-        plan, form=form, exact_t=exact, shift=exact, pi_tile=exact and not pieces, row_div=1 if exact else _row_div(t)
+        plan, form=form, exact_t=exact, shift=exact, pi_tile=exact and not pieces, row_div=1 if exact else row_div(t)
     )
 
 
