@@ -521,7 +521,9 @@ def forward_trace_kernel(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, False, False, ACC, NKP, PHASE == 5
             )
             b_carry = core.carry_tile(core.state_on(b_apre3, b_bpre3, b_seed), BT, False)
-        b_y, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, False, False, ONE and PHASE < 2 and not HAS_SEED)
+        b_y, b_carry, b_Ac = scan_chunk(
+            b_a, b_b, b_carry, BT, False, False, ONE and (PHASE == 1 or (PHASE == 0 and not HAS_SEED))
+        )
         b_Ablk *= b_Ac
         if PHASE != 1:
             tl.store(p_out + off, b_y, mask=m)
