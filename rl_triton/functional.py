@@ -3,7 +3,7 @@
 Every function validates its arguments (``ValueError``/``TypeError`` naming the argument), then
 runs either the fused Triton kernels (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``) or
 the PyTorch path (other CPU tensors); see :func:`rl_triton.use_backend`. The formulas are those of
-SEMANTICS.md and are repeated in each docstring. Conventions shared by all functions:
+docs/semantics.md and are repeated in each docstring. Conventions shared by all functions:
 
 * Per-step tensors are ``(num_envs, seq_len)``, or ``(seq_len,)`` for one env (the result then
   has the same 1-D shape). Time runs along the last dim, ``t = 0 .. T-1``.

@@ -5,10 +5,10 @@ computes gradients: the backward pass re-runs these functions under autograd wit
 by the Triton kernels (:mod:`rl_triton.scan`). Each function takes the normalised 2-D tensors of
 one call (``t``: name -> tensor or None, floats in the call's dtype, flags as stored), the scalar
 hyper-parameters (``s``), the accumulation dtype and a differentiable scan, and returns its
-outputs in the accumulation dtype. The formulas are those of SEMANTICS.md; the fused kernels in
+outputs in the accumulation dtype. The formulas are those of docs/semantics.md; the fused kernels in
 :mod:`rl_triton.kernels.fused` compute the same prologues and epilogues in registers.
 
-Containment (SEMANTICS.md): what a zero flag factor multiplies, or what is not read, is selected
+Containment (docs/semantics.md): what a zero flag factor multiplies, or what is not read, is selected
 away (``torch.where``) before it enters the arithmetic, so that a NaN or an infinity there changes
 nothing, not even a gradient; the scan is contained too (:mod:`rl_triton.scan`). With finite inputs
 a select gives what the product by zero gave (up to the sign of a zero).

@@ -9,7 +9,7 @@ coefficients shifted by one step (for the reverse recurrence, ``g_b[t] = g_x[t] 
 so gradients cost one more scan, run by the same implementation as the forward (a Triton kernel
 on the kernel path, a loop over time vectorised across envs on the PyTorch path).
 
-Both are contained (SEMANTICS.md): where ``a_t == 0`` the state before is not read, ``x_t = b_t``,
+Both are contained (docs/semantics.md): where ``a_t == 0`` the state before is not read, ``x_t = b_t``,
 even when that state is NaN or infinite (``0 * x + b`` would be NaN).
 """
 

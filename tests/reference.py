@@ -1,4 +1,4 @@
-"""Float64 reference implementations, written literally from shared/SEMANTICS.md.
+"""Float64 reference implementations, written literally from docs/semantics.md.
 
 Deliberately slow and independent of the package: every function loops over environments and
 time steps in plain Python. A cell is a Python float, or a 0-d float64 tensor when its input

@@ -1,4 +1,4 @@
-"""Every error rule of SEMANTICS.md: the exception type, and a message naming the argument.
+"""Every error rule of docs/semantics.md: the exception type, and a message naming the argument.
 Also empty inputs, which are not errors: they return empty outputs."""
 
 import re

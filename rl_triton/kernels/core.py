@@ -8,7 +8,7 @@ forward scan across groups (grouped tiles; see below). The state after the chunk
 enters the next one. Masked elements are set to the identity ``(1, 0)`` so that they neither
 change the carry nor depend on what was loaded there.
 
-Containment (SEMANTICS.md): where a map's coefficient is 0 (a done step, or a segment holding one)
+Containment (docs/semantics.md): where a map's coefficient is 0 (a done step, or a segment holding one)
 the map is the constant ``b``, and the state before it must not be read: ``0 * x + b`` is NaN for a
 NaN or infinite ``x`` from another episode. So the combines and the application of a map to a state
 (:func:`_on`) select ``b`` there. For finite ``x`` the select gives what ``0 * x + b`` gave (but the
@@ -71,12 +71,12 @@ def state_on(A, B, x):
 # * descending plain (GROUPED = -1; reverse recurrences on time-major rows): [BN, BT] with time
 #   descending along the tile (processing order), so the reverse recurrence is a forward
 #   tl.associative_scan. On env-major rows the descending offsets would cost the vector loads; on
-#   time-major ones the loads run along the envs either way (launch._TM_RETRACE_GROUP).
+#   time-major ones the loads run along the envs either way (plans.py, time-major Retrace).
 #
 # Why: Triton lowers tl.associative_scan(reverse=True) with lane-reversing shuffles of every element
 # (320 shfl.bfly + 12 shfl.up per thread for a 2048-step chunk with 4 warps, 12 shfl.up for the
 # forward scan; read from the PTX), which made a reverse recurrence ~1.5x slower than a forward one
-# (benchmarks/scan_variants.py). Groups along axis 0 matter for long chunks: with [BN, G, 4] tiles
+# (docs/performance.md). Groups along axis 0 matter for long chunks: with [BN, G, 4] tiles
 # Triton put the lanes along the envs (the descending group offsets look no more contiguous than
 # the rows) and broadcast the [BN] carry through shared memory with a whole row per thread; both
 # made the grouped form slower than the plain one until the layout changed (GAE 4096x2048: 0.48 ->
@@ -284,7 +284,7 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 #            (lookback), and applies it to the chunk still in registers. Inputs are read once.
 #   PHASE 4: PHASE 3 with blocks numbered by program id instead of a ticket (env_block; the default).
 #   PHASE 5: PHASE 4 with flags tagged by an epoch, so the flag buffer is kept from call to call instead
-#            of zeroed for each (lookback; the default for launches of few blocks, launch._EPOCH_MAX_BLOCKS).
+#            of zeroed for each (lookback; the default for launches of few blocks, plans.EPOCH_MAX_BLOCKS).
 # ONE (constexpr, any phase): the program's block is one chunk (PHASE 0: rows of one chunk, T <= BT,
 # the common case; PHASE 3-5 always; PHASE 1/2 when CPB = 1). The chunk loop then has constant bounds,
 # so the compiler drops it, and with it the new carry and the chunk's aggregate that nothing reads
@@ -483,7 +483,7 @@ def lookback_envs(p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, S: tl.constexpr, EPOCH
     themselves until every tag it needs is current. No flag is published apart from the data, so nothing
     depends on the order in which different threads' stores reach memory: a flag released by one thread
     after a barrier does not make the other threads' aggregate stores visible at GPU scope, which is why the
-    first form of this look-back (NOTES.md, "Time-major rollout buffers") read stale aggregates. Buffer
+    first form of this look-back (docs/design.md) read stale aggregates. Buffer
     (:func:`tm_flag_buffer_size`): the epochs of the cdiv(N, W) env blocks, then the words of the planes
     [block A, block B, window A, window B] x env blocks x NK x W, zeroed once (PHASE 5) or per call (PHASE 4).
     Every call writes every block word of its rows, and the window words its readers read."""
@@ -538,11 +538,11 @@ def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: 
 def row_length(T, TDIV: tl.constexpr, EXACT_T: tl.constexpr = False, BT: tl.constexpr = 1, PHASE: tl.constexpr = 0,
                GROUPED: tl.constexpr = -4):  # fmt: skip
     """``T``, in a form from which the compiler knows it a multiple of ``TDIV`` (the launcher passes
-    TDIV > 1 only where that holds: launch._row_divisor). Triton specialises an integer argument on
+    TDIV > 1 only where that holds: plans.row_div). Triton specialises an integer argument on
     divisibility by 16 only; from a multiple of 4 (or 8) it can prove 4-step rows 16-byte aligned and
     vectorise the loads and the masks against T. (T // TDIV) * TDIV is T, and its divisibility is
     what the compiler's analysis derives from the multiplication. EXACT_T (single-pass rows of one chunk, T == BT
-    steps; launch.scan_form, launch.retrace_layout): the constexpr BT itself."""
+    steps; Plan.exact_t): the constexpr BT itself."""
     if EXACT_T:
         tl.static_assert(PHASE == 0, "EXACT_T: single-pass rows of one chunk")
         T = BT
@@ -572,7 +572,7 @@ def env_block(
     the program ids: blocks take tickets in the order they start, so every block a program waits for
     has started. PHASE 4/5 is the same look-back numbered by program id instead (no atomic
     before the loads; relies on the GPU starting programs in the order of their ids, as CUB's
-    decoupled look-back does; the default, launch._TICKET). TM: time-major rows (:func:`time_stride`),
+    decoupled look-back does; the one launched). TM: time-major rows (:func:`time_stride`),
     whose first elements are the env ids themselves. FULL (EXACT_T, :func:`row_length`, or WHOLE, :func:`chunk`) with
     one env per program: the env mask is a constant (the grid has a program per env), so that with the time mask
     gone every mask of the chunk folds away (a constant env mask alone made the sm_90 code longer, not shorter). GAE

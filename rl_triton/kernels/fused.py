@@ -12,12 +12,12 @@ no register shift across a tile, so those kernels scan (inclusive, exclusive) pa
 ``N`` and the hyper-parameters are not specialised on, so a gamma schedule or a new number of envs
 does not recompile. ``T`` is specialised the way Triton does by default (``T == 1``, ``T % 16 == 0``):
 a row length that is a multiple of 16 makes every row 16-byte aligned, which Triton must know to
-vectorise the loads; without it the kernels ran at half the speed (benchmarks/scan_variants.py).
+vectorise the loads; without it the kernels ran at half the speed (docs/performance.md).
 So a size class is a power-of-two bucket of ``T`` plus whether ``T`` is a multiple of 16.
 Retrace's number of actions is a constexpr (its tiles have an action axis), so each action count
 compiles once. The 2-byte dtypes compile their own variants (groups of 8 steps, kernels/core.py).
 
-Containment (SEMANTICS.md): what a zero flag factor multiplies is selected to 0 before it enters the
+Containment (docs/semantics.md): what a zero flag factor multiplies is selected to 0 before it enters the
 arithmetic (v_next_t and E_t at terminated steps, c at done steps, the next values at truncations),
 and so is what the epilogues read there (q_t, X_t); the scan itself selects at zero coefficients
 (kernels/core.py), which needs finite coefficients: c_t = min(c_bar, ratio) takes c_bar for a NaN
@@ -87,13 +87,13 @@ def gae_kernel(
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
-    # Env-major rows of one chunk, T == BT (GROUPED = -4; launch.scan_form): the row length as a constexpr,
+    # Env-major rows of one chunk, T == BT (GROUPED = -4; Plan.exact_t): the row length as a constexpr,
     # so that Triton knows every row 16-byte aligned (it specialises T on multiples of 16 only, which 4
     # and 8 are not) and vectorises the loads; as retrace_kernel's.
     EXACT_T: tl.constexpr = False,
-    TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; launch._row_divisor)
-    TM: tl.constexpr = 0,  # time-major rows (core.time_stride; launch._tm)
-    WHOLE: tl.constexpr = False,  # T a multiple of BT, rows of whole chunks (core.chunk; launch._WHOLE_CHUNKS)
+    TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; plans.row_div)
+    TM: tl.constexpr = 0,  # time-major rows (core.time_stride; Plan.env_div)
+    WHOLE: tl.constexpr = False,  # T a multiple of BT, rows of whole chunks (core.chunk; Plan.whole)
 ):  # fmt: skip
     T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T or WHOLE)
@@ -354,7 +354,7 @@ def retrace_kernel(
     BT: tl.constexpr,
     NKP: tl.constexpr,
     GROUPED: tl.constexpr,  # tile form (kernels/core.py)
-    # Env-major rows of one chunk (GROUPED = -4; launch.retrace_layout): EXACT_T: T == BT, taken as a
+    # Env-major rows of one chunk (GROUPED = -4; Plan.exact_t): EXACT_T: T == BT, taken as a
     # constexpr, so that Triton knows every row 16-byte aligned (it specialises T on multiples of 16
     # only, which 4 and 8 are not) and vectorises the loads; SHIFT and PI_TILE: retrace_step.
     EXACT_T: tl.constexpr = False,

@@ -848,7 +848,7 @@ class MultiAgentGAE(_trl.MultiAgentGAE, GAE):
 
 
 # rl_triton's ``vtrace_with_next_values`` bootstraps the advantage from ``next_values_t + D_{t+1}``
-# where TorchRL (and SEMANTICS.md's vs_{t+1}) use ``values_{t+1} + D_{t+1}``; the two differ
+# where TorchRL (and docs/semantics.md's vs_{t+1}) use ``values_{t+1} + D_{t+1}``; the two differ
 # whenever V(s'_t) != V(s_{t+1}) (target parameters, stochastic value nets). Until the kernel reads
 # ``values_{t+1}`` there, the advantage is formed here from the kernel's ``vs``. Set to True once it does.
 _KERNEL_VTRACE_ADVANTAGE = True

@@ -1,4 +1,4 @@
-"""rl_triton.modules.Retrace against a float64 loop written from SEMANTICS.md (compute_retrace).
+"""rl_triton.modules.Retrace against a float64 loop written from docs/semantics.md (compute_retrace).
 
 TorchRL has no Retrace estimator, so the reference is the normative formula applied to the
 rollout's entries: Q(s_t, .) = "action_value", Q(s_{t+1}, .) = ("next", "action_value"),
@@ -26,7 +26,7 @@ F64 = torch.float64
 
 def reference(td, *, gamma=GAMMA, lmbda=1.0, c_bar=1.0, rho_bar=1.0, axis=None, lp_key="action_log_prob",
               keys=None, q=None, next_q=None, pi=None, next_pi=None):  # fmt: skip
-    """(value_target, advantage) by the SEMANTICS.md loop in float64; shaped like the reward.
+    """(value_target, advantage) by the docs/semantics.md loop in float64; shaped like the reward.
     Inputs that require grad keep their graph (for the gradient tests)."""
     k = {"reward": "reward", "done": "done", "terminated": "terminated", "action_value": "action_value",
          "target_probs": "target_probs", "action": "action", **(keys or {})}  # fmt: skip
