@@ -46,12 +46,7 @@ except ImportError:  # tqdm is a dev dependency: run without a bar if it is miss
         return items
 
 
-# The kernel kind of each benchmark spec's primary call.
-KINDS = {
-    "compute_gae": "gae", "compute_vtrace": "vtrace", "compute_retrace": "retrace",
-    "compute_discounted_returns": "returns", "compute_lambda_returns": "returns_nv",
-    "compute_eligibility_traces": "forward", "compute_episodic_prefix_sum": "forward",
-}  # fmt: skip
+KINDS = plans.KIND_OF  # the kernel kind of each benchmark spec's primary call
 
 TARGET_ARCH = 90
 # sm_90 per SM: registers, threads, resident programs, shared memory

@@ -13,16 +13,7 @@ import rl_triton as R
 from rl_triton.kernels import plans
 from tests._helpers import F32_TOL, FUNCTIONS, check, equal_results, valid_kwargs
 
-# The launcher's kernel kind of each function on valid_kwargs' inputs (the lambda returns take next values).
-KINDS = {
-    "compute_gae": "gae",
-    "compute_vtrace": "vtrace",
-    "compute_retrace": "retrace",
-    "compute_discounted_returns": "returns",
-    "compute_lambda_returns": "returns_nv",
-    "compute_eligibility_traces": "forward",
-    "compute_episodic_prefix_sum": "forward",
-}
+KINDS = plans.KIND_OF  # the launcher's kernel kind of each function
 
 # (N, T): T % 16 = 4, 8 or 12 (divisors 4, 8, 4), a multi-block row (T = 8196: the look-back), and T = 8
 # (exact rows for the reverse recurrences, which take no divisor; the divisor for the forward ones).

@@ -30,16 +30,7 @@ from tests._helpers import (
 
 F32, BF16, F64 = torch.float32, torch.bfloat16, torch.float64
 
-# The launcher's kernel kind of each function on valid_kwargs' inputs (the lambda returns take next values).
-KINDS = {
-    "compute_gae": "gae",
-    "compute_vtrace": "vtrace",
-    "compute_retrace": "retrace",
-    "compute_discounted_returns": "returns",
-    "compute_lambda_returns": "returns_nv",
-    "compute_eligibility_traces": "forward",
-    "compute_episodic_prefix_sum": "forward",
-}
+KINDS = plans.KIND_OF  # the launcher's kernel kind of each function
 
 
 def _chosen(name, n, t, dtype=F32):

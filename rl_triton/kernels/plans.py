@@ -59,6 +59,12 @@ class Plan:
 
 
 KINDS = ("gae", "vtrace", "returns", "returns_nv", "forward", "retrace")
+# The kind of each public function's kernel (compute_lambda_returns: with next values, as it always has).
+KIND_OF = {
+    "compute_gae": "gae", "compute_vtrace": "vtrace", "compute_retrace": "retrace",
+    "compute_discounted_returns": "returns", "compute_lambda_returns": "returns_nv",
+    "compute_eligibility_traces": "forward", "compute_episodic_prefix_sum": "forward",
+}  # fmt: skip
 
 MAX_BT = 1024  # longest walked chunk
 BLOCK = 1024  # elements per program of packed short rows
