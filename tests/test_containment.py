@@ -44,11 +44,6 @@ LAYOUTS = {
     # time-major rows (views x.T of [T, N] buffers, read in place): the look-back over a block of envs, 5 time blocks
     "time-major-lookback": (320, "time-major"),
 }
-KINDS = {
-    "compute_gae": "gae", "compute_vtrace": "vtrace", "compute_retrace": "retrace",
-    "compute_discounted_returns": "returns", "compute_lambda_returns": "returns_nv",
-    "compute_eligibility_traces": "forward", "compute_episodic_prefix_sum": "forward",
-}  # fmt: skip
 # The split layout of each case whose poison reaches the scan, spread over the functions so that every tile form
 # and split meets a case (entries that are never read do not depend on the layout; split rows are slow in the
 # interpreter).
@@ -273,7 +268,7 @@ def _outputs(fn, kw, device, plan):
     kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     if plan == "time-major":
         t = kw["rewards" if "rewards" in kw else next(iter(kw))].shape[1]
-        kind = KINDS[fn]
+        kind = plans.KIND_OF[fn]
         chosen = plans.choose(kind, N, t, torch.float32, time_major=True, num_actions=4 if kind == "retrace" else 0)
         plan = dataclasses.replace(chosen, split=Split.LOOKBACK, window=4, chunks_per_block=1)
         kw = {k: _time_major(v) for k, v in kw.items()}
