@@ -13,10 +13,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def _then(a_r, b_l, b_r):
+    """a_r * b_l + b_r, or b_r where a_r == 0 (core.linear_combine: b_l is not read there)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(a_r == 0, b_r, a_r * b_l + b_r)
+
+
 def _fold_linear(a, b):
     for i in range(1, a.shape[-1]):
         # (a_l, b_l) then (a_r, b_r) -> (a_l * a_r, a_r * b_l + b_r), folded left to right
-        b[..., i] = a[..., i] * b[..., i - 1] + b[..., i]
+        b[..., i] = _then(a[..., i], b[..., i - 1], b[..., i])
         a[..., i] = a[..., i - 1] * a[..., i]
     return a, b
 
@@ -24,9 +30,9 @@ def _fold_linear(a, b):
 def _fold_linear_next(a, b, na, nb):
     for i in range(1, a.shape[-1]):
         # linear_combine_next: the exclusive part uses the accumulated (a, b) before this element
-        nb[..., i] = na[..., i] * b[..., i - 1] + nb[..., i]
+        nb[..., i] = _then(na[..., i], b[..., i - 1], nb[..., i])
         na[..., i] = a[..., i - 1] * na[..., i]
-        b[..., i] = a[..., i] * b[..., i - 1] + b[..., i]
+        b[..., i] = _then(a[..., i], b[..., i - 1], b[..., i])
         a[..., i] = a[..., i - 1] * a[..., i]
     return a, b, na, nb
 
