@@ -58,7 +58,7 @@ CASES = [
     # Integer flag dtypes (bool is most rows', float flags the float dtype rows').
     *(case((3, 40), flag_dtype=f, p=0.2) for f in (torch.uint8, torch.int32, torch.int64)),
     # Float dtypes with flags of the same dtype; rows of 300 and 1000 steps are the register-capped one-chunk
-    # programs of 512 and 1024 steps on the GPU (launch._SINGLE_CAPS).
+    # programs of 512 and 1024 steps on the GPU (kernels/plans.py: _SINGLE_CAPS, Plan.maxnreg).
     *(case(s, dtype=d, flag_dtype=d) for d in DTYPE_IDS for s in ((5, 63), (2, 300), (2, 1000))),
     case((4, 20), "last_value", dtype=torch.bfloat16),
     # Non-contiguous views of every input (they also equal the call on contiguous copies).

@@ -88,8 +88,8 @@ CASES = [
     # Integer flag dtypes (bool is most rows', float flags the float dtype rows').
     *(case((3, 40), flag_dtype=f, p=0.2) for f in (torch.uint8, torch.int32, torch.int64)),
     # Float dtypes with flags of the same dtype. Rows of 300 and 1100 steps, 4 actions: the register-capped
-    # programs on the GPU (launch._SINGLE_CAPS: 2-byte dtypes at 512 steps per row, float32 and 2-byte dtypes
-    # walking 1024-step chunks).
+    # programs on the GPU (kernels/plans.py, Plan.maxnreg: 2-byte dtypes at 512 steps per row, float32 and
+    # 2-byte dtypes walking 1024-step chunks).
     *(case(s, dtype=d, flag_dtype=d, next_probs=True) for d in DTYPE_IDS for s in ((5, 63), (2, 300), (2, 1100))),
     # Non-contiguous views of every input (they also equal the call on contiguous copies).
     case((5, 37), layout="stride", next_probs=True),
