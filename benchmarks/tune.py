@@ -276,7 +276,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def _summary(row: dict) -> str:
     p = row["plan"]
     head = f"{'*' if row['chosen'] else ' '} bn={p['bn']} bt={p['bt']} warps={p['warps']} {p['form']} {p['split']}"
-    head += "".join(f" {k}={p[k]}" for k in ("window", "maxnreg", "exact_t", "whole", "shift", "pi_tile") if p[k])
+    split_field = {"LOOKBACK": "window", "TWO_PASS": "chunks_per_block"}.get(p["split"])  # the split's own knob
+    shown = ((split_field,) if split_field else ()) + ("maxnreg", "exact_t", "whole", "shift", "pi_tile")
+    head += "".join(f" {k}={p[k]}" for k in shown if p[k])
     if "skipped" in row:
         return f"{head}: skipped ({row['skipped']})"
     if "launches" in row:
