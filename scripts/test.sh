@@ -51,13 +51,18 @@ for arg in "$@"; do
     fi
 done
 
-# Without a CUDA GPU the interpreted kernels keep one core busy per test, so the suite runs on every core
-# (pytest-xdist, `-n auto`). On a GPU machine it stays in one process: the perf tests time kernels and must
-# not share the GPU. RL_TRITON_TEST_WORKERS overrides the worker count (0: one process); `-n N` or
-# `-p no:xdist` among your arguments wins over both.
+# The tests run on several workers (pytest-xdist): without a CUDA GPU the interpreted kernels keep one core busy
+# per test; with one, compiling the kernel variants is what takes the time, on the CPU, so up to 8 workers share
+# the GPU. The perf tests time kernels and must have the GPU to themselves: on a GPU machine they run afterwards,
+# in one process, when the selection is the whole suite. RL_TRITON_TEST_WORKERS overrides the worker count (0: one
+# process); `-n N` or `-p no:xdist` among your arguments wins over both.
 workers="${RL_TRITON_TEST_WORKERS:-}"
 if [[ -z "$workers" ]]; then
-    if [[ "$cuda" == 1 ]]; then workers=0; else workers=auto; fi
+    if [[ "$cuda" == 1 ]]; then
+        workers="$("$RLT_PY" -c 'import os; print(min(8, os.cpu_count() or 1))')"
+    else
+        workers=auto
+    fi
 fi
 for arg in "$@"; do
     case "$arg" in
@@ -68,9 +73,19 @@ parallel=()
 if [[ -n "$workers" && "$workers" != 0 ]]; then
     parallel=(-n "$workers")
 fi
+perf_after=0
+if [[ "$cuda" == 1 && "${targets[*]}" == "tests/" && ${#parallel[@]} -gt 0 ]]; then
+    perf_after=1
+    parallel+=(--ignore=tests/perf)
+fi
 
 rc=0
 "$RLT_PY" -m pytest "${targets[@]}" -q "${parallel[@]}" "$@" || rc=$?
+if [[ "$perf_after" == 1 && ( "$rc" == 0 || "$rc" == 1 ) ]]; then
+    prc=0
+    "$RLT_PY" -m pytest tests/perf -q "$@" || prc=$?
+    if [[ "$prc" != 0 && "$prc" != 5 ]]; then rc="$prc"; fi
+fi
 if [[ "$rc" == 5 ]]; then
     # Tests marked cuda or compiled are not collected where they cannot run (tests/conftest.py): a selection
     # of only those (e.g. tests/perf on a CPU machine) runs nothing, which is not an error.
