@@ -111,6 +111,11 @@ def run(
     if p.empty:
         return tuple(p.new_output() for _ in range(n_out))
     kernels = use_kernels(p.device, p.device_type or None)
+    if kernels and "per_step" in scalars:
+        # TENSOR GAMMA/LAMBDA: the kernels do not read them yet. Calls with a per-env or per-step gamma or
+        # lambda_ (_validation.per_step) take the PyTorch path on every device (it runs CUDA tensors too), so
+        # their results are right everywhere; the kernel launchers will get them here once they read them.
+        kernels = False
     grad = kernels and _needs_grad(p.tensors, differentiable)
     if p.time_major and (grad or not kernels):
         # the PyTorch forms (and autograd's backward) take contiguous rows; the kernel reads the

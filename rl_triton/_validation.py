@@ -117,6 +117,81 @@ def scalar(name: str, value, *, lo: float | None = 0.0, hi: float | None = 1.0) 
     return value
 
 
+# gamma and lambda_ of compute_gae, compute_vtrace, compute_retrace, compute_discounted_returns and
+# compute_lambda_returns (and of the modules' internal forms) may also be per-env or per-step tensors
+# (docs/semantics.md, "Per-step gamma and lambda"). Before the tensors are validated, :func:`discount` keeps
+# such a tensor as it is (a float for everything else, as :func:`scalar` gives it); after, :func:`per_step`
+# turns it into the (N, T) view the PyTorch path reads: per-step (N, T) tensors as they are (any strides),
+# per-env (N,) ones as ``g[:, None].expand(N, T)`` (time stride 0), 1-D calls' (T,) ones as ``g[None]``. No
+# broadcast copy is made. They are never differentiated (detached), as TorchRL does not differentiate them.
+DISCOUNTS = ("gamma", "lambda_")
+
+
+class TensorDiscount(Exception):  # noqa: N818 (a signal to the fast paths, not an error)
+    """Raised by :func:`fast_discount` for a tensor gamma/lambda_: the fast paths launch floats only, so the
+    call takes the prepared path (where :func:`per_step` validates the tensor)."""
+
+
+def discount(name: str, value) -> float | torch.Tensor:
+    """``gamma`` or ``lambda_`` before the call's tensors are validated: a float (a Python number, a 0-d or
+    one-element tensor, checked by :func:`scalar`), or a tensor of other shapes as it is (checked by
+    :func:`per_step` once the call's shape is known)."""
+    if type(value) is float and value == value and 0.0 <= value <= 1.0:
+        return value
+    if isinstance(value, torch.Tensor) and (value.dim() > 1 or value.numel() != 1):
+        if value.is_complex() or not value.is_floating_point():
+            raise TypeError(f"{name} must be a Python float or a floating tensor, got a tensor of {_describe(value)}")
+        return value
+    return scalar(name, value)
+
+
+def fast_discount(name: str, value) -> float:
+    """:func:`discount` for the fast paths: a tensor gamma/lambda_ (not one element) raises
+    :class:`TensorDiscount`."""
+    if isinstance(value, torch.Tensor) and (value.dim() > 1 or value.numel() != 1):
+        raise TensorDiscount(name)
+    return scalar(name, value)
+
+
+def per_step(p: Prepared, s: dict) -> None:
+    """Replaces the tensor gamma/lambda_ in ``s`` (the hyper-parameters of the validated call ``p``) by their
+    (N, T) views, after checking shape, device and (CPU tensors only: a GPU check would need a host sync)
+    range; sets ``s["per_step"]`` when there is one. Floats are left as they are."""
+    for name in DISCOUNTS:
+        value = s.get(name)
+        if isinstance(value, torch.Tensor):
+            s[name] = _per_step(p, name, value)
+            s["per_step"] = True
+
+
+def _per_step(p: Prepared, name: str, g: torch.Tensor) -> torch.Tensor:
+    n, t = p.num_envs, p.seq_len
+    shape = tuple(g.shape)
+    if p.squeeze:
+        if shape != (t,):
+            raise ValueError(
+                f"{p.fn}: '{name}' must be a float, a 0-d tensor or a per-step tensor of shape {(t,)} for a 1-D "
+                f"call of {t} steps, got a tensor of {_describe(g)}"
+            )
+        rows = g.unsqueeze(0)
+    elif shape == (n, t):
+        rows = g
+    elif shape == (n,):
+        rows = g.unsqueeze(1).expand(n, t)
+    else:
+        raise ValueError(
+            f"{p.fn}: '{name}' must be a float, a 0-d tensor, a per-env tensor of shape {(n,)} or a per-step "
+            f"tensor of shape {(n, t)}, got a tensor of {_describe(g)}"
+        )
+    if g.device != p.device:
+        raise ValueError(f"{p.fn}: '{name}' is on {g.device} but the other inputs are on {p.device}")
+    if g.device.type == "cpu" and g.numel():
+        lo, hi = float(g.min()), float(g.max())
+        if not (0.0 <= lo and hi <= 1.0):  # NaN fails both
+            raise ValueError(f"{p.fn}: '{name}' must be in [0, 1], got values in [{lo}, {hi}]")
+    return rows.detach()
+
+
 def _perf_warn(name: str, what: str) -> None:
     if _config.PERF_WARNINGS:
         warnings.warn(

@@ -25,7 +25,18 @@ import torch
 from . import _ops, _validation, reference
 from ._dispatch import launchable, run
 from ._ops import compilable, is_compiling
-from ._validation import _UNKNOWN, check_data, check_probabilities, prepare, scalar, signature
+from ._validation import (
+    _UNKNOWN,
+    TensorDiscount,
+    check_data,
+    check_probabilities,
+    discount,
+    fast_discount,
+    per_step,
+    prepare,
+    scalar,
+    signature,
+)
 
 if TYPE_CHECKING:
     from .kernels.plans import Plan
@@ -152,16 +163,20 @@ def compute_gae(
     if plan is None and launchable(e, tensors, _GAE_AT):
         launch = e.plans.get(_GAE_LAUNCH)
         if launch is not None:
-            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
-            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
-            out = torch.empty_like(tensors[e.like_at])
-            k = _LAUNCH or _launchers()
-            args = k.gae_args(
-                rewards, values, terminateds, truncateds, bootstrap_values, last_value, out, out, e.num_envs,
-                e.seq_len, g, lam,
-            )  # fmt: skip
-            k._run(launch, args)
-            return out
+            try:
+                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
+                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
+            except TensorDiscount:
+                pass  # a tensor gamma/lambda_: the prepared path below
+            else:
+                out = torch.empty_like(tensors[e.like_at])
+                k = _LAUNCH or _launchers()
+                args = k.gae_args(
+                    rewards, values, terminateds, truncateds, bootstrap_values, last_value, out, out, e.num_envs,
+                    e.seq_len, g, lam,
+                )  # fmt: skip
+                k._run(launch, args)
+                return out
     return _gae(
         fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False, plan=plan,
         key=key,
@@ -172,7 +187,7 @@ def _gae(
     fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all, targets=False,
     rows=None, plan=None, key=_UNKNOWN,
 ):  # fmt: skip
-    s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_), "next_all": next_all}
+    s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_), "next_all": next_all}
     p = prepare(
         fn,
         steps={"rewards": rewards, "values": values, "bootstrap_values": bootstrap_values},
@@ -182,6 +197,8 @@ def _gae(
         rows=rows,
         key=key,
     )
+    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
+        per_step(p, s)  # a per-env or per-step gamma or lambda_
     if not next_all:
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
     if targets:
@@ -222,17 +239,21 @@ def gae_with_next_values(
     if plan is None and launchable(e, tensors, _GAE_AT):
         launch = e.plans.get(_GAE_NEXT_LAUNCH[bool(targets)])
         if launch is not None:
-            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
-            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
-            like = tensors[e.like_at]
-            out = torch.empty_like(like)
-            tgt = torch.empty_like(like) if targets else out
-            k = _LAUNCH or _launchers()
-            args = k.gae_args(
-                rewards, values, terminateds, dones, next_values, None, out, tgt, e.num_envs, e.seq_len, g, lam
-            )
-            k._run(launch, args)
-            return (out, tgt) if targets else out
+            try:
+                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
+                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
+            except TensorDiscount:
+                pass  # a tensor gamma/lambda_: the prepared path below
+            else:
+                like = tensors[e.like_at]
+                out = torch.empty_like(like)
+                tgt = torch.empty_like(like) if targets else out
+                k = _LAUNCH or _launchers()
+                args = k.gae_args(
+                    rewards, values, terminateds, dones, next_values, None, out, tgt, e.num_envs, e.seq_len, g, lam
+                )
+                k._run(launch, args)
+                return (out, tgt) if targets else out
     return _gae(
         fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows, plan, key=key
     )
@@ -317,20 +338,24 @@ def _vtrace(
     if plan is None and launchable(e, tensors, _VTRACE_AT):
         launch = e.plans.get(_VTRACE_LAUNCH[next_all])
         if launch is not None:
-            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
-            rho = rho_bar if type(rho_bar) is float and rho_bar >= 0.0 else scalar("rho_bar", rho_bar, hi=None)
-            c = c_bar if type(c_bar) is float and c_bar >= 0.0 else scalar("c_bar", c_bar, hi=None)
-            like = tensors[e.like_at]
-            vs, adv = torch.empty_like(like), torch.empty_like(like)
-            k = _LAUNCH or _launchers()
-            args = k.vtrace_args(
-                log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, bootstrap_values, last_value,
-                vs, adv, e.num_envs, e.seq_len, g, rho, c,
-            )  # fmt: skip
-            k._run(launch, args)
-            return vs, adv
+            try:
+                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
+            except TensorDiscount:
+                pass  # a tensor gamma/lambda_: the prepared path below
+            else:
+                rho = rho_bar if type(rho_bar) is float and rho_bar >= 0.0 else scalar("rho_bar", rho_bar, hi=None)
+                c = c_bar if type(c_bar) is float and c_bar >= 0.0 else scalar("c_bar", c_bar, hi=None)
+                like = tensors[e.like_at]
+                vs, adv = torch.empty_like(like), torch.empty_like(like)
+                k = _LAUNCH or _launchers()
+                args = k.vtrace_args(
+                    log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, bootstrap_values,
+                    last_value, vs, adv, e.num_envs, e.seq_len, g, rho, c,
+                )  # fmt: skip
+                k._run(launch, args)
+                return vs, adv
     s = {
-        "gamma": scalar("gamma", gamma),
+        "gamma": discount("gamma", gamma),
         "rho_bar": scalar("rho_bar", rho_bar, hi=None),
         "c_bar": scalar("c_bar", c_bar, hi=None),
         "next_all": next_all,
@@ -349,6 +374,8 @@ def _vtrace(
         required=_VTRACE_REQUIRED,
         key=key,
     )
+    if type(s["gamma"]) is not float:
+        per_step(p, s)  # a per-env or per-step gamma
     if not next_all:
         check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
@@ -445,22 +472,26 @@ def compute_retrace(
     if plan is None and launchable(e, tensors, _RETRACE_AT):
         launch = e.plans.get(_RETRACE_LAUNCH)
         if launch is not None:
-            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
-            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
-            c = c_bar if type(c_bar) is float and c_bar >= 0.0 else scalar("c_bar", c_bar, hi=None)
-            rho = rho_bar if type(rho_bar) is float and rho_bar >= 0.0 else scalar("rho_bar", rho_bar, hi=None)
-            like = tensors[e.like_at]
-            qt, adv = torch.empty_like(like), torch.empty_like(like)
-            k = _LAUNCH or _launchers()
-            args = k.retrace_args(
-                action_probs_target, next_action_probs_target, action_probs_behavior, q_values, next_q_values_all,
-                actions, rewards, terminateds, truncateds, qt, adv, e.num_envs, e.seq_len, g, lam, c, rho,
-            )  # fmt: skip
-            k._run(launch, args)
-            return qt, adv
+            try:
+                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
+                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
+            except TensorDiscount:
+                pass  # a tensor gamma/lambda_: the prepared path below
+            else:
+                c = c_bar if type(c_bar) is float and c_bar >= 0.0 else scalar("c_bar", c_bar, hi=None)
+                rho = rho_bar if type(rho_bar) is float and rho_bar >= 0.0 else scalar("rho_bar", rho_bar, hi=None)
+                like = tensors[e.like_at]
+                qt, adv = torch.empty_like(like), torch.empty_like(like)
+                k = _LAUNCH or _launchers()
+                args = k.retrace_args(
+                    action_probs_target, next_action_probs_target, action_probs_behavior, q_values, next_q_values_all,
+                    actions, rewards, terminateds, truncateds, qt, adv, e.num_envs, e.seq_len, g, lam, c, rho,
+                )  # fmt: skip
+                k._run(launch, args)
+                return qt, adv
     s = {
-        "gamma": scalar("gamma", gamma),
-        "lambda_": scalar("lambda_", lambda_),
+        "gamma": discount("gamma", gamma),
+        "lambda_": discount("lambda_", lambda_),
         "c_bar": scalar("c_bar", c_bar, hi=None),
         "rho_bar": scalar("rho_bar", rho_bar, hi=None),
     }
@@ -477,6 +508,8 @@ def compute_retrace(
         required=_RETRACE_REQUIRED,
         key=_UNKNOWN if e is None else key,
     )
+    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
+        per_step(p, s)  # a per-env or per-step gamma or lambda_
     check_data(p, term="terminateds", trunc="truncateds")
     check_probabilities(p, ("action_probs_target", "next_action_probs_target"), "action_probs_behavior")
 
@@ -537,15 +570,30 @@ def compute_discounted_returns(
     if plan is None and launchable(e, tensors, (0, 1)):
         launch = e.plans.get(_RETURNS_LAUNCH)
         if launch is not None:
-            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
-            out = torch.empty_like(tensors[e.like_at])
-            k = _LAUNCH or _launchers()
-            args = k.returns_args(
-                rewards, None, terminateds, truncateds, bootstrap_values, None, out, out, e.num_envs, e.seq_len, g, 1.0
-            )
-            k._run(launch, args)
-            return out
-    s = {"gamma": scalar("gamma", gamma), "lambda_": 1.0}
+            try:
+                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
+            except TensorDiscount:
+                pass  # a tensor gamma/lambda_: the prepared path below
+            else:
+                out = torch.empty_like(tensors[e.like_at])
+                k = _LAUNCH or _launchers()
+                args = k.returns_args(
+                    rewards,
+                    None,
+                    terminateds,
+                    truncateds,
+                    bootstrap_values,
+                    None,
+                    out,
+                    out,
+                    e.num_envs,
+                    e.seq_len,
+                    g,
+                    1.0,
+                )
+                k._run(launch, args)
+                return out
+    s = {"gamma": discount("gamma", gamma), "lambda_": 1.0}
     p = prepare(
         fn,
         steps={"rewards": rewards, "bootstrap_values": bootstrap_values},
@@ -553,6 +601,8 @@ def compute_discounted_returns(
         required=_RETURNS_REQUIRED,
         key=key,
     )
+    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
+        per_step(p, s)  # a per-env or per-step gamma or lambda_
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
@@ -614,17 +664,21 @@ def compute_lambda_returns(
     if plan is None and launchable(e, tensors, (0, 1, 2)):
         launch = e.plans.get(_RETURNS_LAUNCH)
         if launch is not None:
-            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
-            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
-            out = torch.empty_like(tensors[e.like_at])
-            k = _LAUNCH or _launchers()
-            args = k.returns_args(
-                rewards, next_values, terminateds, truncateds, bootstrap_values, None, out, out, e.num_envs, e.seq_len,
-                g, lam,
-            )  # fmt: skip
-            k._run(launch, args)
-            return out
-    s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
+            try:
+                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
+                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
+            except TensorDiscount:
+                pass  # a tensor gamma/lambda_: the prepared path below
+            else:
+                out = torch.empty_like(tensors[e.like_at])
+                k = _LAUNCH or _launchers()
+                args = k.returns_args(
+                    rewards, next_values, terminateds, truncateds, bootstrap_values, None, out, out, e.num_envs,
+                    e.seq_len, g, lam,
+                )  # fmt: skip
+                k._run(launch, args)
+                return out
+    s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_)}
     p = prepare(
         fn,
         steps={"rewards": rewards, "next_values": next_values, "bootstrap_values": bootstrap_values},
@@ -632,6 +686,8 @@ def compute_lambda_returns(
         required=_LAMBDA_REQUIRED,
         key=key,
     )
+    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
+        per_step(p, s)  # a per-env or per-step gamma or lambda_
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():
@@ -658,18 +714,22 @@ def returns_with_advantages(
     if plan is None and launchable(e, tensors, (0, 1, 2, 3)):
         launch = e.plans.get(_RWA_LAUNCH)
         if launch is not None:
-            g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
-            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_)
-            like = tensors[e.like_at]
-            out, adv = torch.empty_like(like), torch.empty_like(like)
-            k = _LAUNCH or _launchers()
-            args = k.returns_args(
-                rewards, next_values, terminateds, truncateds, bootstrap_values, values, out, adv, e.num_envs,
-                e.seq_len, g, lam,
-            )  # fmt: skip
-            k._run(launch, args)
-            return out, adv
-    s = {"gamma": scalar("gamma", gamma), "lambda_": scalar("lambda_", lambda_)}
+            try:
+                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
+                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
+            except TensorDiscount:
+                pass  # a tensor gamma/lambda_: the prepared path below
+            else:
+                like = tensors[e.like_at]
+                out, adv = torch.empty_like(like), torch.empty_like(like)
+                k = _LAUNCH or _launchers()
+                args = k.returns_args(
+                    rewards, next_values, terminateds, truncateds, bootstrap_values, values, out, adv, e.num_envs,
+                    e.seq_len, g, lam,
+                )  # fmt: skip
+                k._run(launch, args)
+                return out, adv
+    s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_)}
     p = prepare(
         fn,
         steps={"rewards": rewards, "values": values, "next_values": next_values, "bootstrap_values": bootstrap_values},
@@ -678,6 +738,8 @@ def returns_with_advantages(
         rows=rows,
         key=key,
     )
+    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
+        per_step(p, s)  # a per-env or per-step gamma or lambda_
     check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
 
     def kernel():

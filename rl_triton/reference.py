@@ -31,6 +31,13 @@ def _float(t: Tensors, name: str, acc: torch.dtype) -> torch.Tensor | None:
     return None if x is None else x.to(acc)
 
 
+def _discount(s: dict, name: str, acc: torch.dtype):
+    """gamma or lambda_: a float, or the call's (N, T) per-step view (per-env ones have time stride 0) in the
+    accumulation dtype; every formula reads it elementwise, gamma_t and lambda_t at step t."""
+    x = s[name]
+    return x if type(x) is float else x.to(acc)
+
+
 def _flag(t: Tensors, name: str, like: torch.Tensor) -> torch.Tensor:
     x = t.get(name)
     return torch.zeros_like(like) if x is None else (x != 0).to(like.dtype)
@@ -80,8 +87,9 @@ def gae(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Tensor
     term, trunc, bnd = _boundary(t, r)
     done = torch.maximum(term, trunc)
     v_next = _unless(term, _next_values(t, s, v, bnd, acc))
-    delta = r + s["gamma"] * (1 - term) * v_next - v
-    a = _unless(done, s["gamma"] * s["lambda_"] * (1 - done))
+    gamma = _discount(s, "gamma", acc)
+    delta = r + gamma * (1 - term) * v_next - v
+    a = _unless(done, gamma * _discount(s, "lambda_", acc) * (1 - done))
     return (scan(a, delta, None, True),)
 
 
@@ -103,16 +111,17 @@ def vtrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Ten
     ratio = torch.exp(_float(t, "log_pi_target", acc) - _float(t, "log_pi_behavior", acc)).detach()
     rho = torch.clamp(ratio, max=s["rho_bar"])
     c = torch.clamp(ratio, max=s["c_bar"])
-    target = r + s["gamma"] * (1 - term) * v_next
+    gamma = _discount(s, "gamma", acc)
+    target = r + gamma * (1 - term) * v_next
     delta = rho * (target - v)
-    d = scan(_unless(done, s["gamma"] * c * (1 - done)), delta, None, True)
+    d = scan(_unless(done, gamma * c * (1 - done)), delta, None, True)
     vs = v + d
     # q_t: vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer, v_next_t at boundary steps (and at
     # terminated ones, where v_next is 0: q_t is not read there).
     q = torch.where(
         torch.maximum(bnd, term).bool(), v_next, shift(v, towards_future=True) + shift(d, towards_future=True)
     )
-    adv = rho * (r + s["gamma"] * (1 - term) * q - v)
+    adv = rho * (r + gamma * (1 - term) * q - v)
     return vs, adv
 
 
@@ -124,7 +133,9 @@ def retrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Te
     probs = _float(t, "action_probs_target", acc).detach()
     pi = probs.gather(-1, t["actions"].long().unsqueeze(-1)).squeeze(-1)
     ratio = pi / _float(t, "action_probs_behavior", acc).detach()
-    c = s["lambda_"] * torch.clamp(ratio, max=s["c_bar"])
+    gamma = _discount(s, "gamma", acc)
+    # c_t = lambda_t min(c_bar, ratio_t); step t's carry is scaled by gamma_t c_{t+1}
+    c = _discount(s, "lambda_", acc) * torch.clamp(ratio, max=s["c_bar"])
     rho = torch.clamp(ratio, max=s["rho_bar"])
     weights = _float(t, "next_action_probs_target", acc)
     weights = probs if weights is None else weights.detach()
@@ -132,12 +143,12 @@ def retrace(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[torch.Te
     # nor the gradient of next_q_values_all depends on what is stored at such a step.
     stop = term.bool().unsqueeze(-1)
     expected = (torch.where(stop, 0.0, weights) * torch.where(stop, 0.0, _float(t, "next_q_values_all", acc))).sum(-1)
-    delta = r + s["gamma"] * (1 - term) * expected - q
-    a = _unless(done, s["gamma"] * shift(c, towards_future=True) * (1 - done))
+    delta = r + gamma * (1 - term) * expected - q
+    a = _unless(done, gamma * shift(c, towards_future=True) * (1 - done))
     d = scan(a, delta, None, True)
     q_targets = q + d
     x = torch.where(torch.maximum(bnd, term).bool(), expected, shift(q_targets, towards_future=True))
-    adv = rho * (r + s["gamma"] * (1 - term) * x - q)
+    adv = rho * (r + gamma * (1 - term) * x - q)
     return q_targets, adv
 
 
@@ -146,14 +157,14 @@ def lambda_returns(t: Tensors, s: dict, acc: torch.dtype, scan: Scan) -> tuple[t
     r = _float(t, "rewards", acc)
     term, trunc, bnd = _boundary(t, r)
     boot = _bootstrap(t, bnd, acc)
-    lam = s["lambda_"]
+    lam = _discount(s, "lambda_", acc)
     nv = _float(t, "next_values", acc)
     # X_t without the recursive part: boot at truncations; (1-lam) nv_t + lam boot_t at the last step.
     # next_values are not read at truncations, nor X_t at terminated steps.
     x_const = lam * boot * (1 - trunc) + trunc * boot
     if nv is not None:
         x_const = x_const + (1 - trunc) * (1 - lam) * _unless(trunc, nv)
-    disc = s["gamma"] * (1 - term)
+    disc = _discount(s, "gamma", acc) * (1 - term)
     return (scan(disc * lam * (1 - bnd), r + disc * _unless(term, x_const), None, True),)
 
 

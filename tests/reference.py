@@ -4,7 +4,8 @@ Deliberately slow and independent of the package: every function loops over envi
 time steps in plain Python. A cell is a Python float, or a 0-d float64 tensor when its input
 requires grad, so autograd through these loops gives reference gradients. Flags are reduced to
 0/1 integers ("nonzero means set"). Probabilities and log-probabilities are constants (detached),
-as the API specifies.
+as the API specifies. ``gamma`` and ``lambda_`` may be floats, 0-d tensors, or per-env / per-step
+tensors (a grid of floats: gamma_t and lambda_t of each step, never differentiated).
 
 The signatures match the public API; results are float64 tensors (1-D for 1-D calls). ``plan`` (the
 kernel path's launch plan) is accepted and ignored, so one call's keyword arguments, a plan among them,
@@ -31,6 +32,29 @@ def _scalar(x) -> float:
 def _check_unit(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def _per_step(name: str, x, n: int, t: int, one_d: bool) -> list[list[float]]:
+    """gamma or lambda_ as an [n][t] grid of floats: x_t of env n (docs/semantics.md, "Per-step gamma and
+    lambda"). A float or a 0-d tensor is the same at every step; an (N,) tensor per env; an (N, T) tensor (or
+    (T,) in a 1-D call) per step. Never differentiated (detached)."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or (x.dim() == 1 and x.numel() == 1):
+        value = _scalar(x)
+        _check_unit(name, value)
+        return [[value] * t for _ in range(n)]
+    cells = x.detach().to("cpu", F64).tolist()
+    if one_d and x.shape == (t,):
+        grid = [cells]
+    elif not one_d and x.shape == (n,):
+        grid = [[cells[i]] * t for i in range(n)]
+    elif not one_d and x.shape == (n, t):
+        grid = cells
+    else:
+        raise ValueError(f"{name}: shape {tuple(x.shape)} is neither per-env nor per-step")
+    for row in grid:
+        for value in row:
+            _check_unit(name, value)
+    return grid
 
 
 def _as_2d(x: torch.Tensor | None, one_d: bool) -> torch.Tensor | None:
@@ -104,14 +128,13 @@ def _boot(boot, last, n: int, t: int, T: int):
 def compute_gae(
     rewards, values, terminateds, truncateds=None, *, gamma, lambda_, bootstrap_values=None, last_value=None, plan=None
 ):
-    gamma, lam = _scalar(gamma), _scalar(lambda_)
-    _check_unit("gamma", gamma)
-    _check_unit("lambda_", lam)
     if last_value is not None and bootstrap_values is not None:
         raise ValueError("last_value and bootstrap_values are mutually exclusive")
     if last_value is not None and truncateds is not None:
         raise ValueError("last_value cannot be combined with truncateds")
     N, T, one_d = _shape(rewards)
+    G = _per_step("gamma", gamma, N, T, one_d)
+    LAM = _per_step("lambda_", lambda_, N, T, one_d)
     R = _cells(_as_2d(rewards, one_d))
     V = _cells(_as_2d(values, one_d))
     B = _cells(_as_2d(bootstrap_values, one_d))
@@ -126,6 +149,7 @@ def compute_gae(
             done = term[n][t] or trunc[n][t]
             boundary = trunc[n][t] or t == T - 1
             v_next = _boot(B, L, n, t, T) if boundary else V[n][t + 1]
+            gamma, lam = G[n][t], LAM[n][t]
             delta = R[n][t] + gamma * (1 - term[n][t]) * v_next - V[n][t]
             a = delta + gamma * lam * (1 - done) * a_next
             out[n][t] = a
@@ -148,13 +172,13 @@ def compute_vtrace(
     last_value=None,
     plan=None,
 ):
-    gamma, rho_bar, c_bar = _scalar(gamma), _scalar(rho_bar), _scalar(c_bar)
-    _check_unit("gamma", gamma)
+    rho_bar, c_bar = _scalar(rho_bar), _scalar(c_bar)
     if last_value is not None and bootstrap_values is not None:
         raise ValueError("last_value and bootstrap_values are mutually exclusive")
     if last_value is not None and truncateds is not None:
         raise ValueError("last_value cannot be combined with truncateds")
     N, T, one_d = _shape(rewards)
+    G = _per_step("gamma", gamma, N, T, one_d)
     LPT = _cells(_as_2d(log_pi_target, one_d), detach=True)
     LPB = _cells(_as_2d(log_pi_behavior, one_d), detach=True)
     V = _cells(_as_2d(values, one_d))
@@ -177,6 +201,7 @@ def compute_vtrace(
             done = term[n][t] or trunc[n][t]
             boundary = trunc[n][t] or t == T - 1
             v_next[t] = _boot(B, L, n, t, T) if boundary else V[n][t + 1]
+            gamma = G[n][t]
             delta = rho[t] * (R[n][t] + gamma * (1 - term[n][t]) * v_next[t] - V[n][t])
             d = delta + gamma * c * (1 - done) * d_next
             vs[n][t] = V[n][t] + d
@@ -184,7 +209,7 @@ def compute_vtrace(
         for t in range(T):
             boundary = trunc[n][t] or t == T - 1
             q = v_next[t] if boundary else vs[n][t + 1]
-            adv[n][t] = rho[t] * (R[n][t] + gamma * (1 - term[n][t]) * q - V[n][t])
+            adv[n][t] = rho[t] * (R[n][t] + G[n][t] * (1 - term[n][t]) * q - V[n][t])
     return _assemble(vs, N, T, one_d), _assemble(adv, N, T, one_d)
 
 
@@ -205,12 +230,12 @@ def compute_retrace(
     next_action_probs_target=None,
     plan=None,
 ):
-    gamma, lam, c_bar, rho_bar = _scalar(gamma), _scalar(lambda_), _scalar(c_bar), _scalar(rho_bar)
-    _check_unit("gamma", gamma)
-    _check_unit("lambda_", lam)
+    c_bar, rho_bar = _scalar(c_bar), _scalar(rho_bar)
     if truncateds is None:
         raise ValueError("truncateds is required")
     N, T, one_d = _shape(rewards)
+    G = _per_step("gamma", gamma, N, T, one_d)
+    LAM = _per_step("lambda_", lambda_, N, T, one_d)
     P = _cells(_as_2d(action_probs_target, one_d), detach=True)
     MU = _cells(_as_2d(action_probs_behavior, one_d), detach=True)
     NP = _cells(_as_2d(next_action_probs_target, one_d), detach=True)
@@ -229,7 +254,7 @@ def compute_retrace(
         E = [0.0] * T
         for t in range(T):
             ratio = P[n][t][ACT[n][t]] / MU[n][t]
-            c[t] = lam * min(c_bar, ratio)
+            c[t] = LAM[n][t] * min(c_bar, ratio)  # c_t uses lambda_t
             rho[t] = min(rho_bar, ratio)
             dist = NP[n][t] if NP is not None else P[n][t]
             e = 0.0
@@ -239,6 +264,7 @@ def compute_retrace(
         delta_next = 0.0  # Δ_T = 0
         for t in reversed(range(T)):
             done = term[n][t] or trunc[n][t]
+            gamma = G[n][t]
             delta = R[n][t] + gamma * (1 - term[n][t]) * E[t] - Q[n][t]
             c_next = c[t + 1] if t < T - 1 else 0.0
             d = delta + gamma * c_next * (1 - done) * delta_next
@@ -247,14 +273,13 @@ def compute_retrace(
         for t in range(T):
             boundary = trunc[n][t] or t == T - 1
             x = E[t] if boundary else q_targets[n][t + 1]
-            adv[n][t] = rho[t] * (R[n][t] + gamma * (1 - term[n][t]) * x - Q[n][t])
+            adv[n][t] = rho[t] * (R[n][t] + G[n][t] * (1 - term[n][t]) * x - Q[n][t])
     return _assemble(q_targets, N, T, one_d), _assemble(adv, N, T, one_d)
 
 
 def compute_discounted_returns(rewards, terminateds, truncateds=None, *, gamma, bootstrap_values=None, plan=None):
-    gamma = _scalar(gamma)
-    _check_unit("gamma", gamma)
     N, T, one_d = _shape(rewards)
+    G = _per_step("gamma", gamma, N, T, one_d)
     R = _cells(_as_2d(rewards, one_d))
     B = _cells(_as_2d(bootstrap_values, one_d))
     term = _flags(_as_2d(terminateds, one_d), N, T)
@@ -266,7 +291,7 @@ def compute_discounted_returns(rewards, terminateds, truncateds=None, *, gamma, 
         for t in reversed(range(T)):
             boundary = trunc[n][t] or t == T - 1
             y = _boot(B, None, n, t, T) if boundary else g_next
-            g = R[n][t] + gamma * (1 - term[n][t]) * y
+            g = R[n][t] + G[n][t] * (1 - term[n][t]) * y
             out[n][t] = g
             g_next = g
     return _assemble(out, N, T, one_d)
@@ -275,10 +300,9 @@ def compute_discounted_returns(rewards, terminateds, truncateds=None, *, gamma, 
 def compute_lambda_returns(
     rewards, next_values, terminateds, truncateds=None, *, gamma, lambda_, bootstrap_values=None, plan=None
 ):
-    gamma, lam = _scalar(gamma), _scalar(lambda_)
-    _check_unit("gamma", gamma)
-    _check_unit("lambda_", lam)
     N, T, one_d = _shape(rewards)
+    G = _per_step("gamma", gamma, N, T, one_d)
+    LAM = _per_step("lambda_", lambda_, N, T, one_d)
     R = _cells(_as_2d(rewards, one_d))
     NV = _cells(_as_2d(next_values, one_d))
     B = _cells(_as_2d(bootstrap_values, one_d))
@@ -290,6 +314,7 @@ def compute_lambda_returns(
         g_next = None
         for t in reversed(range(T)):
             boot = _boot(B, None, n, t, T)
+            lam = LAM[n][t]
             nv = boot if (trunc[n][t] and B is not None) else NV[n][t]
             if trunc[n][t]:
                 x = boot
@@ -297,7 +322,7 @@ def compute_lambda_returns(
                 x = (1 - lam) * nv + lam * boot
             else:
                 x = (1 - lam) * nv + lam * g_next
-            g = R[n][t] + gamma * (1 - term[n][t]) * x
+            g = R[n][t] + G[n][t] * (1 - term[n][t]) * x
             out[n][t] = g
             g_next = g
     return _assemble(out, N, T, one_d)
