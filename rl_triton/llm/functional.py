@@ -208,12 +208,12 @@ def compute_gae_advantage_return(
     if use_kernels(r.device):
         from . import _kernels
 
-        adv, ret, count, mean, m2 = _kernels.gae(r, values, m, gamma, lam)
+        L, ret, count, mean, m2 = _kernels.gae(r, values, m, gamma, lam)
         if process_group is not None:
             from ..distributed import combine_moments
 
             count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
-        adv = _kernels.whiten_apply(adv, count, mean, m2, True, out=adv)
+        adv = _kernels.whiten_apply(L, count, mean, m2, True, out_dtype=r.dtype, inplace=True)
         _check_count(count, 2)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)
@@ -260,12 +260,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
     if use_kernels(r.device):
         from . import _kernels
 
-        ret, count, mean, m2 = _kernels.reinforce_pp(r, m, gamma)
+        G, ret, count, mean, m2 = _kernels.reinforce_pp(r, m, gamma)
         if process_group is not None:
             from ..distributed import combine_moments
 
             count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
-        adv = _kernels.whiten_apply(ret, count, mean, m2, True, mask=m)
+        adv = _kernels.whiten_apply(G, count, mean, m2, True, out_dtype=r.dtype, mask=m)
         _check_count(count, 2)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)

@@ -1,0 +1,546 @@
+"""Triton kernels of :mod:`rl_triton.llm` and their launchers.
+
+* ``_token_scan_kernel``: masked GAE (MODE 0) or REINFORCE++ returns (MODE 1) as one reverse
+  ``tl.associative_scan`` over each row, plus the partial moments of the scanned state that the whitening
+  needs. GAE's skip-mask recursion is linear in the state (L, nv): a valid token maps it to
+  ``(γλ L + γ nv + r − V, V)``, a masked one leaves it alone, so every step is an affine map
+  ``L' = p L + q nv + b1, nv' = rr nv + b2`` and so is any composition of steps (``_gae_combine``). REINFORCE++
+  is the scalar map ``G' = γ m_{t+1} G + r`` (``_lin_combine``). Rows longer than one block of ``BT`` tokens
+  are split in time: PHASE 1 stores each block's composed map, PHASE 2 folds the maps of the blocks after
+  it (a scan over at most ``NBP`` maps) into the state entering the block and rescans it from there.
+* ``_moments_kernel`` / ``_finalize_kernel``: per-program (count, sum, M2) of the valid entries, then their
+  combination by one program in a fixed order (deterministic, no atomics).
+* ``_whiten_kernel``: ``(x − μ)·rsqrt(σ² + 1e-8)``, reading (count, mean, M2) from device memory (so the
+  statistics of several ranks can be combined in between without a host sync).
+* ``_row_sum_kernel``, ``_group_kernel``, ``_broadcast_kernel``: GRPO / RLOO. Scores are row sums; the
+  sequences are sorted by group id (``torch.sort``, on the device), and the program at the first sorted
+  position of each group computes the group's statistics and the advantage of its members; the others exit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .. import _config
+
+# Tokens per block of a row. Rows up to this length are one block (one launch); longer rows are split in time
+# (two launches). Module-level so that a benchmark can compare block lengths.
+GAE_BLOCK = 2048
+_TILE = 2048  # elements per program for short rows (several rows a program)
+_FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kernels
+
+
+@triton.jit
+def _gae_combine(pf, qf, rf, b1f, b2f, pg, qg, rg, b1g, b2g):
+    # f (the later tokens, applied first) then g:  L -> pg (pf L + qf nv + b1f) + qg (rf nv + b2f) + b1g
+    return pg * pf, pg * qf + qg * rf, rg * rf, pg * b1f + qg * b2f + b1g, rg * b2f + b2g
+
+
+@triton.jit
+def _lin_combine(a_l, b_l, a_r, b_r):
+    # (a_l, b_l) then (a_r, b_r); where a_r == 0 the state before is not read (b_l may be a padding NaN)
+    return a_l * a_r, tl.where(a_r == 0, b_r, a_r * b_l + b_r)
+
+
+@triton.jit
+def _last(x, i, n: tl.constexpr):
+    # the last column of a [BN, n] tile, as [BN, 1] (a select, so other columns' values never enter)
+    return tl.sum(tl.where((i == n - 1)[None, :], x, 0.0), axis=1)[:, None]
+
+
+@triton.jit
+def _token_scan_kernel(
+    p_r,  # rewards (B, T), contiguous
+    p_v,  # values (B, T) (MODE 0)
+    p_m,  # response mask (B, T) as uint8
+    p_g,  # gamma per row (G_PTR), stride s_g (0: one value)
+    p_l,  # lam per row (L_PTR, MODE 0), stride s_l
+    g_val,  # gamma as a float (not G_PTR)
+    l_val,  # lam as a float (not L_PTR)
+    s_g,
+    s_l,
+    p_x,  # out: the scanned state (L or G) in the accumulation dtype
+    p_ret,  # out: returns in the input dtype (STORE_RET)
+    p_agg,  # scratch: (B, NB, 5) composed map of each block (NB > 1)
+    p_pc,  # out: per-program count of valid tokens (int32)
+    p_ps,  # out: per-program sum of x over them
+    p_pm,  # out: per-program M2 of x over them (around the program's own mean)
+    B,
+    T,
+    NB,  # blocks per row
+    MODE: tl.constexpr,  # 0: masked GAE, 1: REINFORCE++ returns
+    PHASE: tl.constexpr,  # 1: store block maps only, 2: carry in, scan, store
+    CARRY: tl.constexpr,  # NB > 1
+    G_PTR: tl.constexpr,
+    L_PTR: tl.constexpr,
+    STORE_RET: tl.constexpr,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    NBP: tl.constexpr,  # NB rounded up to a power of two
+    ACC: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    i_k = tl.program_id(1)
+    rows = i_n * BN + tl.arange(0, BN)
+    cols = i_k * BT + tl.arange(0, BT)
+    m_row = rows < B
+    inb = m_row[:, None] & (cols < T)[None, :]
+    offs = rows.to(tl.int64)[:, None] * T + cols[None, :]
+    b_r = tl.load(p_r + offs, mask=inb, other=0).to(ACC)
+    valid = inb & (tl.load(p_m + offs, mask=inb, other=0) != 0)
+    if G_PTR:
+        g = tl.load(p_g + rows * s_g, mask=m_row, other=0).to(ACC)[:, None]
+    else:
+        g = g_val
+    zero = tl.zeros([BN, BT], ACC)
+    one = zero + 1.0
+    i_b = tl.arange(0, NBP)
+    later = m_row[:, None] & ((NB - 1 - i_b) > i_k)[None, :]  # the blocks after this one, latest first
+    p_blk = p_agg + (rows.to(tl.int64)[:, None] * NB + (NB - 1 - i_b)[None, :]) * 5
+    p_own = p_agg + (rows.to(tl.int64) * NB + i_k) * 5
+    if MODE == 0:
+        b_v = tl.load(p_v + offs, mask=inb, other=0).to(ACC)
+        if L_PTR:
+            lam = tl.load(p_l + rows * s_l, mask=m_row, other=0).to(ACC)[:, None]
+        else:
+            lam = l_val
+        a_p = tl.where(valid, g * lam + zero, one)
+        a_q = tl.where(valid, g + zero, zero)
+        a_rr = tl.where(valid, zero, one)
+        a_b1 = tl.where(valid, b_r - b_v, zero)
+        a_b2 = tl.where(valid, b_v, zero)
+        P, Q, R, B1, B2 = tl.associative_scan((a_p, a_q, a_rr, a_b1, a_b2), 1, _gae_combine, reverse=True)
+        if PHASE == 1:
+            first = (tl.arange(0, BT) == 0)[None, :]
+            tl.store(p_own + 0, tl.sum(tl.where(first, P, 0.0), axis=1), mask=m_row)
+            tl.store(p_own + 1, tl.sum(tl.where(first, Q, 0.0), axis=1), mask=m_row)
+            tl.store(p_own + 2, tl.sum(tl.where(first, R, 0.0), axis=1), mask=m_row)
+            tl.store(p_own + 3, tl.sum(tl.where(first, B1, 0.0), axis=1), mask=m_row)
+            tl.store(p_own + 4, tl.sum(tl.where(first, B2, 0.0), axis=1), mask=m_row)
+        else:
+            if CARRY:
+                c_p = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
+                c_q = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
+                c_r = tl.load(p_blk + 2, mask=later, other=1.0).to(ACC)
+                c_b1 = tl.load(p_blk + 3, mask=later, other=0.0).to(ACC)
+                c_b2 = tl.load(p_blk + 4, mask=later, other=0.0).to(ACC)
+                _, _, _, C1, C2 = tl.associative_scan((c_p, c_q, c_r, c_b1, c_b2), 1, _gae_combine)
+                # the state entering the block: the later blocks' composed map applied to (L_T, nv_T) = 0
+                x = P * _last(C1, i_b, NBP) + Q * _last(C2, i_b, NBP) + B1
+            else:
+                x = B1
+            if STORE_RET:
+                tl.store(p_ret + offs, x + b_v, mask=inb)
+    else:
+        nxt = inb & ((cols + 1) < T)[None, :]
+        m_next = tl.load(p_m + offs + 1, mask=nxt, other=0) != 0
+        a_a = tl.where(m_next, g + zero, zero)
+        A, Bx = tl.associative_scan((a_a, b_r), 1, _lin_combine, reverse=True)
+        if PHASE == 1:
+            first = (tl.arange(0, BT) == 0)[None, :]
+            tl.store(p_own + 0, tl.sum(tl.where(first, A, 0.0), axis=1), mask=m_row)
+            tl.store(p_own + 1, tl.sum(tl.where(first, Bx, 0.0), axis=1), mask=m_row)
+        else:
+            if CARRY:
+                c_a = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
+                c_b = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
+                _, CB = tl.associative_scan((c_a, c_b), 1, _lin_combine)
+                x = tl.where(A == 0, Bx, A * _last(CB, i_b, NBP) + Bx)
+            else:
+                x = Bx
+            if STORE_RET:
+                tl.store(p_ret + offs, x, mask=inb)
+    if PHASE == 2:
+        tl.store(p_x + offs, x, mask=inb)
+        cnt = tl.sum(tl.sum(valid.to(tl.int32), axis=1), axis=0)
+        tot = tl.sum(tl.sum(tl.where(valid, x, 0.0), axis=1), axis=0)
+        mean = tot / tl.maximum(cnt, 1).to(ACC)
+        d = tl.where(valid, x - mean, 0.0)
+        pid = i_n * NB + i_k
+        tl.store(p_pc + pid, cnt)
+        tl.store(p_ps + pid, tot)
+        tl.store(p_pm + pid, tl.sum(tl.sum(d * d, axis=1), axis=0))
+
+
+@triton.jit
+def _moments_kernel(
+    p_x,  # values, flat
+    p_m,  # mask, flat uint8
+    p_pc,  # out: per-program count, sum, M2
+    p_ps,
+    p_pm,
+    n,
+    BLOCK: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    valid = inb & (tl.load(p_m + offs, mask=inb, other=0) != 0)
+    x = tl.load(p_x + offs, mask=valid, other=0).to(ACC)
+    cnt = tl.sum(valid.to(tl.int32), axis=0)
+    tot = tl.sum(tl.where(valid, x, 0.0), axis=0)
+    mean = tot / tl.maximum(cnt, 1).to(ACC)
+    d = tl.where(valid, x - mean, 0.0)
+    tl.store(p_pc + pid, cnt)
+    tl.store(p_ps + pid, tot)
+    tl.store(p_pm + pid, tl.sum(d * d, axis=0))
+
+
+@triton.jit
+def _finalize_kernel(
+    p_pc,  # per-program count, sum, M2 (P of each)
+    p_ps,
+    p_pm,
+    P,
+    p_out,  # out: [count, mean, M2] in the accumulation dtype
+    BLOCK: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    # Chan et al.'s combination of (n_i, mean_i, M2_i): the global mean first, then
+    # M2 = sum_i M2_i + n_i (mean_i - mean)^2, all in a fixed order.
+    acc_n = tl.zeros([BLOCK], tl.int64)
+    acc_s = tl.zeros([BLOCK], ACC)
+    for start in range(0, P, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        acc_n += tl.load(p_pc + i, mask=i < P, other=0).to(tl.int64)
+        acc_s += tl.load(p_ps + i, mask=i < P, other=0)
+    count = tl.sum(acc_n, axis=0).to(ACC)
+    mean = tl.sum(acc_s, axis=0) / tl.maximum(count, 1.0)
+    acc_m = tl.zeros([BLOCK], ACC)
+    for start in range(0, P, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        c = tl.load(p_pc + i, mask=i < P, other=0).to(ACC)
+        s = tl.load(p_ps + i, mask=i < P, other=0)
+        d = s / tl.maximum(c, 1.0) - mean
+        acc_m += tl.load(p_pm + i, mask=i < P, other=0) + c * d * d
+    tl.store(p_out + 0, count)
+    tl.store(p_out + 1, mean)
+    tl.store(p_out + 2, tl.sum(acc_m, axis=0))
+
+
+@triton.jit
+def _whiten_kernel(
+    p_x,  # values, flat (accumulation dtype or the input dtype)
+    p_y,  # out, flat (may be p_x)
+    p_m,  # mask, flat uint8 (MASK_OUT)
+    p_c,  # count, mean, M2: 0-d tensors in device memory
+    p_mu,
+    p_m2,
+    n,
+    SHIFT: tl.constexpr,  # shift_mean
+    MASK_OUT: tl.constexpr,  # zero where the mask is 0
+    BLOCK: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    count = tl.load(p_c).to(ACC)
+    mean = tl.load(p_mu).to(ACC)
+    var = tl.load(p_m2).to(ACC) / (count - 1.0)
+    rstd = 1.0 / tl.sqrt_rn(var + 1e-8)
+    x = tl.load(p_x + offs, mask=inb, other=0).to(ACC)
+    y = (x - mean) * rstd
+    if not SHIFT:
+        y = y + mean
+    if MASK_OUT:
+        y = tl.where(tl.load(p_m + offs, mask=inb, other=0) != 0, y, 0.0)
+    tl.store(p_y + offs, y, mask=inb)
+
+
+@triton.jit
+def _row_sum_kernel(
+    p_r,  # rewards (B, T)
+    p_s,  # out: scores (B,) in the accumulation dtype
+    B,
+    T,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    acc = tl.zeros([BN, BT], ACC)
+    for start in range(0, T, BT):
+        cols = start + tl.arange(0, BT)
+        inb = (rows < B)[:, None] & (cols < T)[None, :]
+        acc += tl.load(p_r + rows.to(tl.int64)[:, None] * T + cols[None, :], mask=inb, other=0).to(ACC)
+    tl.store(p_s + rows, tl.sum(acc, axis=1), mask=rows < B)
+
+
+@triton.jit
+def _group_kernel(
+    p_ids,  # group ids sorted (B,), int64
+    p_perm,  # the row of each sorted position (B,), int64
+    p_s,  # scores by row (B,)
+    p_a,  # out: per-row advantage (B,)
+    B,
+    eps,
+    KIND: tl.constexpr,  # 0: GRPO, 1: Dr. GRPO, 2: RLOO
+    BG: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    me = tl.load(p_ids + pid)
+    prev = tl.load(p_ids + tl.maximum(pid - 1, 0))
+    start = (pid == 0) | (prev != me)
+    # the group's size: its ids are contiguous from its first sorted position
+    n = 0
+    more = start
+    while more:
+        i = pid + n + tl.arange(0, BG)
+        same = (i < B) & (tl.load(p_ids + i, mask=i < B, other=0) == me)
+        c = tl.sum(same.to(tl.int32), axis=0)
+        n += c
+        more = c == BG
+    acc_s = tl.zeros([BG], ACC)
+    for c0 in range(0, n, BG):
+        i = c0 + tl.arange(0, BG)
+        rows = tl.load(p_perm + pid + i, mask=i < n, other=0)
+        acc_s += tl.load(p_s + rows, mask=i < n, other=0)
+    nf = tl.maximum(n, 1).to(ACC)
+    mean = tl.sum(acc_s, axis=0) / nf
+    acc_m = tl.zeros([BG], ACC)
+    if KIND == 0:
+        for c0 in range(0, n, BG):
+            i = c0 + tl.arange(0, BG)
+            rows = tl.load(p_perm + pid + i, mask=i < n, other=0)
+            d = tl.where(i < n, tl.load(p_s + rows, mask=i < n, other=0) - mean, 0.0)
+            acc_m += d * d
+    std = tl.sqrt_rn(tl.sum(acc_m, axis=0) / tl.maximum(nf - 1.0, 1.0))
+    for c0 in range(0, n, BG):
+        i = c0 + tl.arange(0, BG)
+        rows = tl.load(p_perm + pid + i, mask=i < n, other=0)
+        s = tl.load(p_s + rows, mask=i < n, other=0)
+        if KIND == 2:
+            a = tl.where(n == 1, s, nf / tl.maximum(nf - 1.0, 1.0) * (s - mean))
+        elif KIND == 1:
+            a = tl.where(n == 1, s, s - mean)
+        else:
+            a = tl.where(n == 1, s / (1.0 + eps), (s - mean) / (std + eps))
+        tl.store(p_a + rows, a, mask=i < n)
+
+
+@triton.jit
+def _broadcast_kernel(
+    p_a,  # per-row advantage (B,)
+    p_m,  # mask (B, T) uint8
+    p_y,  # out: (B, T), a_b where the mask is set, 0 elsewhere
+    B,
+    T,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    cols = tl.program_id(1) * BT + tl.arange(0, BT)
+    inb = (rows < B)[:, None] & (cols < T)[None, :]
+    offs = rows.to(tl.int64)[:, None] * T + cols[None, :]
+    a = tl.load(p_a + rows, mask=rows < B, other=0)[:, None]
+    m = tl.load(p_m + offs, mask=inb, other=0) != 0
+    tl.store(p_y + offs, tl.where(m, a, 0.0), mask=inb)
+
+
+# ---------------------------------------------------------------------------------------------- interpreter
+
+
+def _fold_gae(p, q, r, b1, b2):
+    for i in range(1, p.shape[-1]):
+        pf, qf, rf, b1f, b2f = p[..., i - 1], q[..., i - 1], r[..., i - 1], b1[..., i - 1], b2[..., i - 1]
+        pg, qg, rg, b1g, b2g = (x[..., i].copy() for x in (p, q, r, b1, b2))
+        p[..., i], q[..., i], r[..., i] = pg * pf, pg * qf + qg * rf, rg * rf
+        b1[..., i], b2[..., i] = pg * b1f + qg * b2f + b1g, rg * b2f + b2g
+    return p, q, r, b1, b2
+
+
+def _fold_lin(a, b):
+    for i in range(1, a.shape[-1]):
+        b[..., i] = np.where(a[..., i] == 0, b[..., i], a[..., i] * b[..., i - 1] + b[..., i])
+        a[..., i] = a[..., i - 1] * a[..., i]
+    return a, b
+
+
+def _install_folds() -> None:
+    """Under TRITON_INTERPRET=1, runs this module's two scan combines as NumPy folds along the scan axis (the
+    interpreter would evaluate them one element at a time): the same inclusive scan, only faster."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover
+        return
+    ops = getattr(interpreter, "ScanOps", None)
+    if ops is None or getattr(ops, "_rl_triton_llm", False):
+        return
+    folds = {_gae_combine.fn: _fold_gae, _lin_combine.fn: _fold_lin}
+    previous = ops.generic_scan
+
+    def generic_scan(self, input):
+        fold = folds.get(getattr(self.combine_fn, "fn", None))
+        if fold is None:
+            return previous(self, input)
+        data = [np.moveaxis(x.handle.data, self.axis, -1).copy() for x in input]
+        with np.errstate(all="ignore"):
+            out = fold(*data)
+        return [self.to_tensor(np.moveaxis(o, -1, self.axis), x.dtype) for o, x in zip(out, input, strict=True)]
+
+    ops.generic_scan = generic_scan
+    ops._rl_triton_llm = True
+
+
+if _config.INTERPRET:
+    _install_folds()
+
+
+# ---------------------------------------------------------------------------------------------- launchers
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _tl(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _hyper(h, acc: torch.dtype, ref: torch.Tensor):
+    """(pointer, float value, stride, is_pointer) for gamma / lam. Floats stay kernel arguments (float32)
+    except for float64 calls, which read a one-element float64 tensor (a fill, no host-to-device copy)."""
+    if isinstance(h, float):
+        if acc == torch.float64:
+            return torch.full((1,), h, dtype=acc, device=ref.device), 0.0, 0, True
+        return ref, h, 0, False
+    return h, 0.0, h.stride(0), True
+
+
+def _finalize(pc: torch.Tensor, ps: torch.Tensor, pm: torch.Tensor, acc: torch.dtype):
+    stats = torch.empty(3, dtype=acc, device=ps.device)
+    _finalize_kernel[(1,)](pc, ps, pm, pc.numel(), stats, BLOCK=1024, ACC=_tl(acc), num_warps=4)
+    return stats[0], stats[1], stats[2]
+
+
+def _partials(p: int, acc: torch.dtype, device):
+    return (
+        torch.empty(p, dtype=torch.int32, device=device),
+        torch.empty(p, dtype=acc, device=device),
+        torch.empty(p, dtype=acc, device=device),
+    )
+
+
+def _zero_stats(acc: torch.dtype, device):
+    z = torch.zeros(3, dtype=acc, device=device)
+    return z[0], z[1], z[2]
+
+
+def _u8(m: torch.Tensor) -> torch.Tensor:
+    return m.contiguous().view(torch.uint8)
+
+
+def moments(x: torch.Tensor, m: torch.Tensor):
+    """(count, mean, M2) of ``x`` where the bool mask ``m`` is set, as 0-d tensors (accumulation dtype)."""
+    acc = _acc(x.dtype)
+    n = x.numel()
+    if n == 0:
+        return _zero_stats(acc, x.device)
+    xf, mf = x.contiguous().reshape(-1), _u8(m).reshape(-1)
+    p = triton.cdiv(n, _FLAT_BLOCK)
+    pc, ps, pm = _partials(p, acc, x.device)
+    _moments_kernel[(p,)](xf, mf, pc, ps, pm, n, BLOCK=_FLAT_BLOCK, ACC=_tl(acc), num_warps=8)
+    return _finalize(pc, ps, pm, acc)
+
+
+def whiten_apply(x, count, mean, m2, shift_mean: bool, out_dtype=None, mask=None, inplace=False):
+    """``(x − mean)·rsqrt(M2/(count − 1) + 1e-8)`` (+ mean unless ``shift_mean``), zero where ``mask`` is 0
+    when given; into ``x`` itself when ``inplace`` and the dtypes agree."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    acc = _acc(out_dtype)
+    x = x.contiguous()
+    y = x if inplace and x.dtype == out_dtype else torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    n = x.numel()
+    if n == 0:
+        return y
+    c, mu, q = (t.to(device=x.device, dtype=acc) for t in (count, mean, m2))
+    mf = _u8(mask).reshape(-1) if mask is not None else x
+    _whiten_kernel[(triton.cdiv(n, _FLAT_BLOCK),)](
+        x.reshape(-1), y.reshape(-1), mf, c, mu, q, n,
+        SHIFT=shift_mean, MASK_OUT=mask is not None, BLOCK=_FLAT_BLOCK, ACC=_tl(acc), num_warps=8,
+    )  # fmt: skip
+    return y
+
+
+def _row_plan(b: int, t: int):
+    """(BN, BT, NB): rows per program, tokens per block, blocks per row."""
+    if t <= GAE_BLOCK:
+        bt = max(16, triton.next_power_of_2(t))
+        bn = max(1, min(triton.next_power_of_2(b), _TILE // bt))
+        return bn, bt, 1
+    return 1, GAE_BLOCK, triton.cdiv(t, GAE_BLOCK)
+
+
+def _scan(mode: int, r, v, m, gamma, lam):
+    b, t = r.shape
+    acc = _acc(r.dtype)
+    r = r.contiguous()
+    v = r if v is None else v.contiguous()
+    m8 = _u8(m)
+    ret = torch.empty_like(r)
+    # the state the whitening reads: in the accumulation dtype (for GAE it is also the advantages' buffer)
+    if mode == 0 or r.dtype != acc:
+        x = torch.empty(r.shape, dtype=acc, device=r.device)
+    else:
+        x = ret
+    if r.numel() == 0:
+        return x, ret, _zero_stats(acc, r.device)
+    bn, bt, nb = _row_plan(b, t)
+    grid = (triton.cdiv(b, bn), nb)
+    pc, ps, pm = _partials(grid[0] * nb, acc, r.device)
+    agg = torch.empty(b * nb * 5, dtype=acc, device=r.device) if nb > 1 else ps
+    pg, gv, sg, g_ptr = _hyper(gamma, acc, r)
+    pl, lv, sl, l_ptr = _hyper(lam if lam is not None else 0.0, acc, r)
+    warps = 4 if bn * bt <= 2048 else 8
+    common = dict(
+        MODE=mode, CARRY=nb > 1, G_PTR=g_ptr, L_PTR=l_ptr, STORE_RET=mode == 0 or x is not ret,
+        BN=bn, BT=bt, NBP=triton.next_power_of_2(nb), ACC=_tl(acc), num_warps=warps,
+    )  # fmt: skip
+    args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm, b, t, nb)
+    if nb > 1:
+        _token_scan_kernel[grid](*args, PHASE=1, **common)
+    _token_scan_kernel[grid](*args, PHASE=2, **common)
+    return x, ret, _finalize(pc, ps, pm, acc)
+
+
+def gae(r, v, m, gamma, lam):
+    """Masked GAE: (L in the accumulation dtype, returns, (count, mean, M2) of L over the valid tokens)."""
+    x, ret, stats = _scan(0, r, v, m, gamma, lam)
+    return x, ret, *stats
+
+
+def reinforce_pp(r, m, gamma):
+    """REINFORCE++: (G in the accumulation dtype (the returns themselves when that is the input dtype),
+    returns, (count, mean, M2) of G over the valid tokens)."""
+    x, ret, stats = _scan(1, r, None, m, gamma, None)
+    return x, ret, *stats
+
+
+_KINDS = {"grpo": 0, "drgrpo": 1, "rloo": 2}
+
+
+def outcome(r, m, ids, kind: str, epsilon: float):
+    """GRPO / Dr. GRPO / RLOO advantages (B, T) of the input dtype, from integer group ids (B,) on r's device."""
+    b, t = r.shape
+    acc = _acc(r.dtype)
+    y = torch.empty_like(r)
+    if b == 0 or t == 0:
+        return y.zero_()
+    r = r.contiguous()
+    scores = torch.empty(b, dtype=acc, device=r.device)
+    bt = min(1024, max(16, triton.next_power_of_2(t)))
+    bn = max(1, min(triton.next_power_of_2(b), 4096 // bt))
+    _row_sum_kernel[(triton.cdiv(b, bn),)](r, scores, b, t, BN=bn, BT=bt, ACC=_tl(acc), num_warps=4)
+    ids_sorted, perm = torch.sort(ids, stable=True)  # stable: members are summed in row order, every call
+    a = torch.empty(b, dtype=acc, device=r.device)
+    _group_kernel[(b,)](ids_sorted, perm, scores, a, b, epsilon, KIND=_KINDS[kind], BG=64, ACC=_tl(acc), num_warps=2)
+    bt = min(2048, max(16, triton.next_power_of_2(t)))
+    bn = max(1, min(triton.next_power_of_2(b), 4096 // bt))
+    _broadcast_kernel[(triton.cdiv(b, bn), triton.cdiv(t, bt))](a, _u8(m), y, b, t, BN=bn, BT=bt, num_warps=4)
+    return y
