@@ -5,7 +5,9 @@ Eager calls never come here: each public function runs its own validation and ke
 (the fastest path). While Dynamo traces (``torch.compiler.is_compiling()``), the public function
 instead emits one opaque op, ``rl_triton::call`` (:func:`emit`), carrying the function name, its
 tensor arguments, its float hyper-parameters and its string options; at run time the op calls the
-eager function. The check is the first statement of each public function, not a wrapper around it:
+eager function. ``gamma`` and ``lambda_``, which may be floats or tensors (per-env or per-step), have a
+float slot and a tensor slot each: a tensor goes in the tensor slot (never differentiated), a number in the
+float slot. The check is the first statement of each public function, not a wrapper around it:
 a wrapper's ``*args, **kwargs`` cost every eager call ~0.8 us.
 
 Gradients go through a second opaque op, ``rl_triton::call_backward``, which re-runs
@@ -21,9 +23,10 @@ from typing import Optional
 import torch
 
 # name -> (eager function, tensor argument names, float argument names, str argument names,
-#          argument whose per-step shape and dtype the outputs take, number of outputs)
+#          argument whose per-step shape and dtype the outputs take, number of outputs,
+#          names of the float-or-tensor arguments: gamma, lambda_; their tensor slots follow the tensors')
 _REGISTRY: dict = {}
-_MAX_TENSORS = 9  # compute_retrace has the most tensor arguments
+_MAX_TENSORS = 11  # compute_retrace has the most tensor arguments: 9, and gamma and lambda_
 _MAX_FLOATS = 4  # ... and the most hyper-parameters
 _SIGNATURES: dict = {}
 # the public functions' first statement: ``if is_compiling() and tracing(): return emit(...)`` (bound once: an
@@ -44,18 +47,22 @@ def tracing() -> bool:
     return not _LOCAL.eager
 
 
-def _argument_kinds(sig: inspect.Signature) -> tuple[tuple, tuple, tuple]:
-    """(tensor, float, str) parameter names of a public function, from its annotations (strings
-    under ``from __future__ import annotations``)."""
-    kinds: dict[str, list] = {"tensor": [], "float": [], "str": [], "plan": []}
+def _argument_kinds(sig: inspect.Signature) -> tuple[tuple, tuple, tuple, tuple]:
+    """(tensor, float, str, float-or-tensor) parameter names of a public function, from its annotations
+    (strings under ``from __future__ import annotations``). A float-or-tensor one (``float | torch.Tensor``)
+    is among the floats too."""
+    kinds: dict[str, list] = {"tensor": [], "float": [], "str": [], "plan": [], "either": []}
     for name, param in sig.parameters.items():
         ann = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
         kind = "tensor" if "Tensor" in ann else "float" if ann == "float" else "str" if ann == "str" else None
+        if kind == "tensor" and ann.startswith("float"):
+            kinds["either"].append(name)
+            kind = "float"
         kind = "plan" if "Plan" in ann else kind  # launch plans stay eager: the op carries none
         if kind is None:
             raise TypeError(f"compilable: cannot map parameter {name!r} ({ann!r}) of a public function")
         kinds[kind].append(name)
-    return tuple(kinds["tensor"]), tuple(kinds["float"]), tuple(kinds["str"])
+    return tuple(kinds["tensor"]), tuple(kinds["float"]), tuple(kinds["str"]), tuple(kinds["either"])
 
 
 def compilable(*, like: str, n_out: int) -> Callable:
@@ -66,10 +73,10 @@ def compilable(*, like: str, n_out: int) -> Callable:
     def wrap(fn):
         name = fn.__name__
         sig = inspect.signature(fn)
-        tensors, floats, strings = _argument_kinds(sig)
-        if len(tensors) > _MAX_TENSORS or len(floats) > _MAX_FLOATS or len(strings) > 1:
+        tensors, floats, strings, either = _argument_kinds(sig)
+        if len(tensors) + len(either) > _MAX_TENSORS or len(floats) > _MAX_FLOATS or len(strings) > 1:
             raise TypeError(f"compilable: {name} has more arguments than rl_triton::call carries")
-        _REGISTRY[name] = (fn, tensors, floats, strings, like, n_out)
+        _REGISTRY[name] = (fn, tensors, floats, strings, like, n_out, either)
         _SIGNATURES[name] = sig
         return fn
 
@@ -78,20 +85,30 @@ def compilable(*, like: str, n_out: int) -> Callable:
 
 def emit(name: str, /, *args, **kwargs):
     """Public function ``name`` called with ``args`` and ``kwargs``, as the ``rl_triton::call`` op (traced)."""
-    _, tensors, floats, strings, _, n_out = _REGISTRY[name]
+    _, tensors, floats, strings, _, n_out, either = _REGISTRY[name]
     bound = _SIGNATURES[name].bind(*args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
     if a.get("plan") is not None:
         raise TypeError(f"{name}: plan= is not supported under torch.compile")
     option = a[strings[0]] if strings else ""
-    out = call(name, [a[k] for k in tensors], [float(a[k]) for k in floats], option)
+    # a tensor gamma/lambda_ (0-d included: no .item() while tracing) in its tensor slot, detached (never
+    # differentiated), 0.0 in its float slot
+    slots = [a[k].detach() if isinstance(a[k], torch.Tensor) else None for k in either]
+    values = [0.0 if isinstance(a[k], torch.Tensor) else float(a[k]) for k in floats]
+    out = call(name, [a[k] for k in tensors] + slots, values, option)
     return out[0] if n_out == 1 else tuple(out)
 
 
 def _eager(name: str, tensors: Sequence, floats: Sequence[float], option: str):
-    fn, t_names, f_names, s_names, _, n_out = _REGISTRY[name]
-    kwargs = {**dict(zip(t_names, tensors, strict=True)), **dict(zip(f_names, floats, strict=True))}
+    """Runs public function ``name``: ``tensors`` fill its tensor arguments, then the tensor slots of its
+    float-or-tensor ones (None: the float slot's number)."""
+    fn, t_names, f_names, s_names, _, n_out, either = _REGISTRY[name]
+    n = len(t_names)
+    kwargs = {**dict(zip(t_names, tensors[:n], strict=True)), **dict(zip(f_names, floats, strict=True))}
+    for k, t in zip(either, tensors[n:], strict=True):
+        if t is not None:
+            kwargs[k] = t
     if s_names:
         kwargs[s_names[0]] = option
     _LOCAL.eager += 1  # the function runs eagerly even inside a compile session (tracing())
@@ -117,18 +134,18 @@ def call(name: str, tensors: Sequence, floats: Sequence[float], option: str) -> 
 
 @torch.library.custom_op("rl_triton::call", mutates_args=())
 def _call(
-    name: str, t0: T, t1: T, t2: T, t3: T, t4: T, t5: T, t6: T, t7: T, t8: T,
+    name: str, t0: T, t1: T, t2: T, t3: T, t4: T, t5: T, t6: T, t7: T, t8: T, t9: T, t10: T,
     f0: float, f1: float, f2: float, f3: float, option: str,
 ) -> list[torch.Tensor]:  # fmt: skip
-    _, t_names, f_names, *_ = _REGISTRY[name]
-    tensors = [t0, t1, t2, t3, t4, t5, t6, t7, t8][: len(t_names)]
+    _, t_names, f_names, *_, either = _REGISTRY[name]
+    tensors = [t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10][: len(t_names) + len(either)]
     return [o.contiguous() for o in _eager(name, tensors, [f0, f1, f2, f3][: len(f_names)], option)]
 
 
 @_call.register_fake
-def _(name, t0, t1, t2, t3, t4, t5, t6, t7, t8, f0, f1, f2, f3, option):
-    fn, t_names, _, _, like, n_out = _REGISTRY[name]
-    ref = [t0, t1, t2, t3, t4, t5, t6, t7, t8][t_names.index(like)]
+def _(name, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, f0, f1, f2, f3, option):
+    fn, t_names, _, _, like, n_out, _ = _REGISTRY[name]
+    ref = [t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10][t_names.index(like)]
     # contiguous, as _call makes its outputs (empty_like alone would keep the strides of a transposed input)
     return [torch.empty_like(ref, memory_format=torch.contiguous_format) for _ in range(n_out)]
 
@@ -171,8 +188,8 @@ def _(name, tensors, floats, option, grads, needs):
 
 def _setup_context(ctx, inputs, output):
     name, *rest = inputs
-    _, t_names, f_names, *_ = _REGISTRY[name]
-    n = len(t_names)
+    _, t_names, f_names, *_, either = _REGISTRY[name]
+    n = len(t_names) + len(either)  # the tensor slots of gamma/lambda_ too (detached: nothing to differentiate)
     tensors = rest[:n]
     floats = rest[_MAX_TENSORS : _MAX_TENSORS + len(f_names)]
     option = rest[-1]
