@@ -18,6 +18,8 @@ TITLES = {
     "torchrl_module": "TorchRL module",
     "torchrl_module_vec": "TorchRL module vec",
     "eager": "eager loop",
+    "verl_loop": "verl loop",
+    "torch_vec": "vectorised PyTorch",
     "compile": "torch.compile",
 }
 REPO = Path(__file__).resolve().parents[1]
@@ -227,7 +229,8 @@ def table(rows: list[dict], *, with_function: bool = True) -> str:
     notes: dict[str, list[str]] = {}
     for r in rows:
         cells = [r["function"]] if with_function else []
-        cells += [fmt_shape(r["num_envs"], r["seq_len"]), r["dtype"]]
+        group = f" (groups of {r['group_size']})" if r.get("group_size") else ""
+        cells += [fmt_shape(r["num_envs"], r["seq_len"]) + group, r["dtype"]]
         if "error" in r:
             cells += ["error"] + [""] * (4 + len(cols))
             notes.setdefault(f"run error: {r['error']}", []).append(_where(r))
@@ -252,6 +255,42 @@ def table(rows: list[dict], *, with_function: bool = True) -> str:
     if notes:
         out += "\n" + "\n".join(f"- {k} ({_compress(v)})" for k, v in notes.items()) + "\n"
     return out
+
+
+def _target_parts(t: dict) -> tuple[str, str]:
+    """(measured value, verdict) of one target of a token-level row (benchmarks.llm.targets)."""
+    v = t.get("value")
+    if v is None:
+        shown = "not measured"
+    elif t["metric"] == "kernel_us":
+        shown = fmt_us(v)
+    elif t["metric"].startswith("speedup"):
+        shown = fmt_x(v)
+    else:
+        shown = f"{v:.2f}"
+    return shown, "n/a" if t.get("met") is None else ("met" if t["met"] else "MISSED")
+
+
+def fmt_target(t: dict) -> str:
+    shown, verdict = _target_parts(t)
+    return f"{t['target']}: {shown} ({verdict})"
+
+
+def targets_table(rows: list[dict]) -> str:
+    """Markdown table of the token-level targets (reported, not asserted)."""
+    lines = [
+        "Token-level targets:",
+        "",
+        "| function | B×T | target | measured | verdict |",
+        "| --- | ---: | --- | ---: | --- |",
+    ]
+    for r in rows:
+        for t in r.get("targets") or []:
+            group = f" (groups of {r['group_size']})" if r.get("group_size") else ""
+            shown, verdict = _target_parts(t)
+            shape = fmt_shape(r["num_envs"], r["seq_len"]) + group
+            lines.append(f"| {r['function']} | {shape} | {t['target']} | {shown} | {verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 def _where(r: dict) -> str:
@@ -319,6 +358,8 @@ def section(results: dict, title: str | None = None) -> str:
     if meta.get("json"):
         body += [f"JSON: `{meta['json']}`", ""]
     body += [table(results["rows"])]
+    if any(r.get("targets") for r in results["rows"]):
+        body += [targets_table(results["rows"])]
     if "floors" in results:
         body += [floors_table(results["floors"])]
     return "\n".join(body)

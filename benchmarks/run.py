@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import baselines as B
-from . import floors, report, specs, suite, timing, torch_impls
+from . import floors, llm, report, specs, suite, timing, torch_impls
 from .torch_impls import C_BAR
 
 
@@ -34,7 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-update", action="store_true", help="print only: write no JSON and leave unreleased.md alone")
     ap.add_argument("--out-dir", default=str(report.DEFAULT_OUT_DIR), help="where the JSON and unreleased.md go")
     ap.add_argument("--json", default=None, help="also write the results JSON to this path (even with --no-update)")
-    ap.add_argument("--functions", default=None, help="comma-separated subset, e.g. gae,vtrace or compute_gae")
+    ap.add_argument(
+        "--functions",
+        default=None,
+        help="comma-separated subset, e.g. gae,vtrace or compute_gae; llm (or llm_gae,llm_rpp,llm_grpo,llm_rloo) "
+        "for the token-level estimators",
+    )
     ap.add_argument("--dtypes", default=None, help="comma-separated subset of float32,bfloat16,float16")
     ap.add_argument("--shapes", default=None, help="override the configurations: NxT list, e.g. 64x512,4096x2048")
     ap.add_argument("--baselines", default=None, help=f"comma-separated subset of {','.join(B.BASELINES)}")
@@ -43,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="scans tried for torch.compile: subset of assoc,chunked,doubling,cumprod (default: see README)",
     )
+    ap.add_argument("--groups", default=None, help="group sizes of the token-level GRPO / RLOO rows (default 8,64)")
     ap.add_argument("--no-floors", action="store_true", help="skip the host floors (benchmarks/floors.py)")
     ap.add_argument("--compile-on-cpu", action="store_true", help="with --device cpu: really torch.compile (slow)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD, if git works)")
@@ -67,8 +73,18 @@ def _configs(args, functions, device) -> list[suite.Config]:
     return suite.full_configs(functions, dtypes or ["float32", "bfloat16"])
 
 
+def _llm_configs(args, functions, device) -> list[llm.Config]:
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
+    groups = [int(g) for g in args.groups.split(",") if g.strip()] if args.groups else None
+    shapes = suite.parse_shapes(args.shapes) if args.shapes else None
+    return llm.configs(
+        functions, quick=args.quick, device_type=device.type, shapes=shapes, dtypes=dtypes, groups=groups
+    )
+
+
 def summary(row: dict) -> str:
-    head = f"{row['function']} {row['num_envs']}x{row['seq_len']} {row['dtype']}"
+    group = f" groups of {row['group_size']}" if row.get("group_size") else ""
+    head = f"{row['function']} {row['num_envs']}x{row['seq_len']}{group} {row['dtype']}"
     if "error" in row:
         return f"{head}: ERROR {row['error']}"
     text = (
@@ -87,7 +103,10 @@ def summary(row: dict) -> str:
             parts.append(f"{b['name']} failed ({b.get('reason', '')[:80]})")
         else:
             parts.append(f"{b['name']} skipped")
-    return text + (" | " + ", ".join(parts) if parts else "")
+    text += (" | " + ", ".join(parts)) if parts else ""
+    if row.get("targets"):
+        text += " | targets: " + "; ".join(report.fmt_target(t) for t in row["targets"])
+    return text
 
 
 def _progress(items):
@@ -109,12 +128,12 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type not in ("cuda", "cpu"):
         raise SystemExit(f"--device must be cuda or cpu, got {args.device!r}")
     try:
-        functions = specs.resolve(args.functions)
-        chosen = B.resolve(args.baselines)
+        functions, llm_functions = llm.split_functions(args.functions)
+        chosen = llm.resolve_baselines(args.baselines)
         variants = tuple(v.strip() for v in args.compile_variants.split(",")) if args.compile_variants else None
         if variants and any(v not in torch_impls.SCANS for v in variants):
             raise ValueError(f"unknown compile variant in {variants}; known: {', '.join(torch_impls.SCANS)}")
-        configs = _configs(args, functions, device)
+        configs = _configs(args, functions, device) + _llm_configs(args, llm_functions, device)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
@@ -136,6 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
         "tolerance": {str(k).removeprefix("torch."): v for k, v in specs.TOLERANCE.items()},
         "budget": vars(budget) if hasattr(budget, "__dict__") else str(budget),
     }
+    if llm_functions:
+        meta["llm"] = llm.meta()
     results = {"meta": meta, "rows": []}
     out_dir = Path(args.out_dir)
     json_path = None if args.no_update else out_dir / report.json_name(meta)
@@ -159,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         if hasattr(bar, "set_postfix_str"):
             bar.set_postfix_str(cfg.describe(), refresh=False)
         try:
-            row = suite.measure(cfg, opts)
+            row = llm.measure(cfg, opts) if isinstance(cfg, llm.Config) else suite.measure(cfg, opts)
         except Exception as exc:  # one broken configuration must not lose the others
             row = {
                 "function": cfg.function,
@@ -167,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "seq_len": cfg.seq_len,
                 "dtype": cfg.dtype,
                 "family": cfg.family,
+                **({"group_size": cfg.group_size} if getattr(cfg, "group_size", None) else {}),
                 "error": f"{type(exc).__name__}: {exc}"[:500],
                 "traceback": traceback.format_exc(limit=6),
             }
@@ -180,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(report.table(results["rows"]))
     if "floors" in results:
         print(report.floors_table(results["floors"]))
+    if any(r.get("targets") for r in results["rows"]):
+        print(report.targets_table(results["rows"]))
     print(f"done in {meta['elapsed_s']:.0f} s", end="")
     print(f"; wrote {json_path} and {out_dir / report.UNRELEASED}" if json_path else " (--no-update: nothing written)")
     return results
