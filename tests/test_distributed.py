@@ -119,6 +119,11 @@ def _worker(rank, world, init_file, cases_file, out_dir):
                 torch.tensor(0.5 * rank, dtype=dtype),
             )
             results[f"combine-{dtype}"] = combine_moments(*t, process_group=group)
+        # elementwise moments of (n_r, 3) shards, per column
+        cols = torch.load(cases_file.replace("cases", "columns"))[rank]
+        c = torch.full((3,), float(cols.shape[0]), dtype=torch.float64)
+        mu = cols.mean(0)
+        results["columns"] = combine_moments(c, mu, (cols - mu).square().sum(0), process_group=group)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -130,6 +135,12 @@ def two_ranks(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist")
     cases = _make_cases()
     torch.save(cases, d / "cases.pt")
+    g = torch.Generator().manual_seed(99)
+    columns = [
+        torch.randn(5, 3, generator=g, dtype=torch.float64),
+        3 + torch.randn(12, 3, generator=g, dtype=torch.float64),
+    ]
+    torch.save(columns, d / "columns.pt")
     mp.start_processes(
         _worker,
         args=(WORLD, str(d / "init"), str(d / "cases.pt"), str(d)),
@@ -137,7 +148,8 @@ def two_ranks(tmp_path_factory):
         join=True,
         start_method="spawn",
     )
-    return {name: (xs, masks) for name, xs, masks in cases}, [torch.load(d / f"rank{r}.pt") for r in range(WORLD)]
+    results = [torch.load(d / f"rank{r}.pt") for r in range(WORLD)]
+    return {name: (xs, masks) for name, xs, masks in cases} | {"columns": columns}, results
 
 
 CASE_TOL = {  # per input dtype: (rtol of the moments, atol of the normalised values)
@@ -206,6 +218,16 @@ def test_two_ranks_combine_moments(two_ranks, dtype):
         assert count.item() == 5.0
         assert mean.item() == pytest.approx(-0.4, rel=1e-6)
         assert m2.item() == pytest.approx(0.5 + 6 / 5, rel=1e-6)
+
+
+def test_two_ranks_elementwise_moments(two_ranks):
+    cases, results = two_ranks
+    full = torch.cat(cases["columns"])
+    for rank in range(WORLD):
+        count, mean, m2 = results[rank]["columns"]
+        assert count.tolist() == [17.0] * 3
+        torch.testing.assert_close(mean, full.mean(0), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(m2, (full - full.mean(0)).square().sum(0), rtol=1e-12, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- the fold on its own
