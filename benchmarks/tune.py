@@ -162,7 +162,7 @@ def programs_per_sm(registers: int, warps: int, shared: int) -> int:
     return min(by_regs, SM_THREADS // threads, SM_PROGRAMS, by_shared)
 
 
-_SHOWN = ("BN", "BT", "GROUPED", "PHASE", "ONE", "NKP", "EXACT_T", "TDIV", "TM", "WHOLE", "maxnreg")
+_SHOWN = ("BN", "BT", "FORM", "PHASE", "ONE", "NKP", "EXACT_T", "TDIV", "TM", "WHOLE", "maxnreg")
 
 
 def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> list[dict]:

@@ -230,7 +230,8 @@ def test_one_chunk_rows(kernel_path, case, shape):
     chosen = plans.choose(kind, *shape, F32)
     assert chosen.exact_t == (kind in _EXACT_ONE_CHUNK)
     exact = replace(chosen, exact_t=True)  # V-trace's too, which the launcher leaves out
-    assert exact.split is Split.SINGLE and exact.bn == 1 and exact.bt == shape[1] and exact.form.value > 0
+    assert exact.split is Split.SINGLE and exact.bn == 1 and exact.bt == shape[1]
+    assert exact.form in (Form.GROUPS4, Form.GROUPS8)
     before = _as_tuple(fn(*args, **kwargs, plan=replace(chosen, exact_t=False)))
     got = _checked(fn, args, kwargs, F32_TOL, exact)
     loose = (case in _TWO_PRODUCTS or kind == "vtrace") and kernel_path.name == "cuda"

@@ -1,7 +1,7 @@
 """The look-back's flag buffers (kernels/core.py lookback, launch._lookback_flags): in launches of few
-blocks (PHASE 5) flags tagged with a per-row epoch that the kernel advances, so one buffer per plan and
+blocks (LOOKBACK_EPOCHS) flags tagged with a per-row epoch that the kernel advances, so one buffer per plan and
 stream serves every call without being zeroed again, and flags an earlier call left read as
-unpublished; larger launches (PHASE 4) zero fresh flags. Forced look-back on small rows (10 blocks of
+unpublished; larger launches (LOOKBACK) zero fresh flags. Forced look-back on small rows (10 blocks of
 32 steps, windows of 4) on the interpreter and the GPU; CUDA-graph captures (their own slices of a
 zeroed arena, or fresh zeros when none is left) on the GPU only."""
 
@@ -99,7 +99,7 @@ def test_epochs_wrap(kernel_path, buffers, fn):
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
 def test_zeroed_flags_without_epochs(kernel_path, buffers, fn):
-    """Plans without epochs (the choice for launches of many blocks) take fresh zeroed flags (PHASE 4), no kept
+    """Plans without epochs (the choice for launches of many blocks) take fresh zeroed flags (LOOKBACK), no kept
     buffer."""
     for seed in (0, 1):
         _matches_torch_path(fn, _fresh(1, 300, kernel_path.device, seed), _plan(fn, epochs=False))
@@ -108,16 +108,15 @@ def test_zeroed_flags_without_epochs(kernel_path, buffers, fn):
 
 def test_flag_buffers_per_plan():
     """One zeroed buffer per plan and stream, reused; uncached signatures get fresh zeros each call.
-    The layouts: the row epochs in whole 128-byte lines, then the flags (kept); the flags and one spare word
-    (zeroed)."""
+    The layouts: the row epochs in whole 128-byte lines, then the flags (kept); the flags alone (zeroed)."""
     cpu = torch.device("cpu")
     assert core.flag_buffer_size(1, 10, True) == H + 10 and core.flag_buffer_size(17, 3, True) == H + 51
-    assert core.flag_buffer_size(33, 3, True) == 2 * H + 99 and core.flag_buffer_size(33, 3, False) == 100
-    built = launch._Launch(None, cpu, [], (3, 1, 10, torch.float32), cached=True)
+    assert core.flag_buffer_size(33, 3, True) == 2 * H + 99 and core.flag_buffer_size(33, 3, False) == 99
+    built = launch._Launch(None, cpu, [], launch._Lookback(1, 10, torch.float32, True, 1), cached=True)
     a = launch._lookback_flags(built, cpu, 42)
     assert a.dtype == torch.int32 and a.numel() == 42 and not a.any()
     assert launch._lookback_flags(built, cpu, 42) is a
-    once = launch._Launch(None, cpu, [], (3, 1, 10, torch.float32), cached=False)
+    once = launch._Launch(None, cpu, [], launch._Lookback(1, 10, torch.float32, True, 1), cached=False)
     assert launch._lookback_flags(once, cpu, 42) is not launch._lookback_flags(once, cpu, 42)
 
 

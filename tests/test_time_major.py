@@ -115,7 +115,7 @@ def test_split_rows(kernel_path, name, split):
     equal_results(out, getattr(R, name)(**kwargs, plan=plan), atol=0, rtol=0)
 
 
-# The tile forms of the reverse recurrences: descending plain tiles (kernels/core.py, GROUPED = -1; Retrace's
+# The tile forms of the reverse recurrences: descending plain tiles (kernels/core.py, DESCENDING; Retrace's
 # choice) and group-major ones (the others'; Retrace's before).
 _FORMS = {"descending": Form.DESCENDING, "group-major": Form.GROUPS4}
 # Rows longer than one env-major group: in one pass (the launcher would split these), and split into time blocks.
@@ -145,7 +145,7 @@ def test_tile_forms(kernel_path, name, rows, form):
 
 
 def test_lookback_zeroed_flags(kernel_path):
-    """The look-back over blocks of envs with flags zeroed per call (PHASE 4, which the launcher takes for launches
+    """The look-back over blocks of envs with flags zeroed per call (LOOKBACK, which the launcher takes for launches
     of more than 4096 blocks) instead of epochs."""
     chosen = _chosen("compute_gae", 40, 700)
     assert chosen.split is Split.LOOKBACK and chosen.epochs
@@ -351,7 +351,7 @@ def in_place(monkeypatch):
 # 4096 blocks keep them); collected on a GPU only.
 _STRESS = [
     ((16, 262144), 64, True),  # 4096 blocks of one env block
-    ((64, 262144), 128, False),  # 2 env blocks: 8192 blocks, PHASE 4 (zeroed words)
+    ((64, 262144), 128, False),  # 2 env blocks: 8192 blocks, LOOKBACK (zeroed words)
     ((40, 65536), 32, True),  # 1024 blocks
     ((4096, 2048), 16, True),  # 128 env blocks of 32 blocks
 ]

@@ -23,6 +23,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .plans import Form, Phase
+
+# The tile forms and phases as the kernels' FORM and PHASE constexprs take them (plans.Form, plans.Phase).
+PLAIN = tl.constexpr(int(Form.PLAIN))
+GROUPS4 = tl.constexpr(int(Form.GROUPS4))
+GROUPS8 = tl.constexpr(int(Form.GROUPS8))
+ENV_GROUPS = tl.constexpr(int(Form.ENV_GROUPS))
+DESCENDING = tl.constexpr(int(Form.DESCENDING))
+SINGLE = tl.constexpr(int(Phase.SINGLE))
+AGGREGATES = tl.constexpr(int(Phase.AGGREGATES))
+RESCAN = tl.constexpr(int(Phase.RESCAN))
+LOOKBACK = tl.constexpr(int(Phase.LOOKBACK))
+LOOKBACK_EPOCHS = tl.constexpr(int(Phase.LOOKBACK_EPOCHS))
+
 
 @triton.jit
 def linear_combine(a_l, b_l, a_r, b_r):
@@ -56,31 +70,24 @@ def state_on(A, B, x):
     return _on(A, B, x)
 
 
-# Tile forms, chosen per launch by the constexpr GROUPED (launch.py decides from measurements):
+# Tile forms, chosen per launch by the constexpr FORM (plans.py decides from measurements):
 #
-# * plain (GROUPED = 0): [BN, BT], time ascending along the tile; one tl.associative_scan along it
-#   (reverse=True for reverse recurrences).
-# * group-major grouped (GROUPED = S, 4 or 8; reverse recurrences only): [G, BN, S], each chunk as
-#   G = BT / S groups of S consecutive steps (one 16-byte vector load per row segment: S = 4 for
-#   float32, 8 for 2-byte floats), the groups numbered in processing order, the latest group first.
-#   Inside a group the steps are combined by straight-line code in registers; across groups a
-#   forward tl.associative_scan along axis 0 combines the group aggregates. The carry is kept as a
-#   [G, BN] tile (carry_tile).
-# * env-major grouped (GROUPED = -4; chunks of <= 8 steps): [BN, G, 4], groups along axis 1, so a
-#   thread holds a whole short row and the scan across its groups stays in registers.
-# * descending plain (GROUPED = -1; reverse recurrences on time-major rows): [BN, BT] with time
-#   descending along the tile (processing order), so the reverse recurrence is a forward
-#   tl.associative_scan. On env-major rows the descending offsets would cost the vector loads; on
-#   time-major ones the loads run along the envs either way (plans.py, time-major Retrace).
+# * PLAIN: [BN, BT], time ascending along the tile; one tl.associative_scan along it (reverse=True for
+#   reverse recurrences).
+# * GROUPS4, GROUPS8 (group-major; reverse recurrences only): [G, BN, S], each chunk as G = BT / S groups of
+#   S = 4 or 8 consecutive steps (one 16-byte vector load per row segment: 4 float32, 8 2-byte floats), the
+#   groups numbered in processing order, the latest first. Inside a group the steps are combined by
+#   straight-line code; a forward tl.associative_scan along axis 0 combines the group aggregates. The carry
+#   is kept as a [G, BN] tile (carry_tile).
+# * ENV_GROUPS (chunks of <= 8 steps): [BN, G, 4], groups along axis 1, so a thread holds a whole short row
+#   and the scan across its groups stays in its registers.
+# * DESCENDING (reverse recurrences on time-major rows): [BN, BT], time descending along the tile, so the
+#   reverse recurrence is a forward scan; on time-major rows the loads run along the envs either way.
 #
-# Why: Triton lowers tl.associative_scan(reverse=True) with lane-reversing shuffles of every element
-# (320 shfl.bfly + 12 shfl.up per thread for a 2048-step chunk with 4 warps, 12 shfl.up for the
-# forward scan; read from the PTX), which made a reverse recurrence ~1.5x slower than a forward one
-# (docs/performance.md). Groups along axis 0 matter for long chunks: with [BN, G, 4] tiles
-# Triton put the lanes along the envs (the descending group offsets look no more contiguous than
-# the rows) and broadcast the [BN] carry through shared memory with a whole row per thread; both
-# made the grouped form slower than the plain one until the layout changed (GAE 4096x2048: 0.48 ->
-# 0.77 of copy). Forward recurrences have no reverse scan to avoid and use plain tiles.
+# Why: Triton lowers tl.associative_scan(reverse=True) with lane-reversing shuffles of every element, which
+# made a reverse recurrence ~1.5x slower than a forward one (docs/performance.md); groups along axis 0,
+# because with [BN, G, 4] tiles of long chunks Triton put its lanes along the envs and broadcast the carry
+# through shared memory. Forward recurrences have no reverse scan to avoid and use plain tiles.
 
 
 @triton.jit
@@ -196,20 +203,21 @@ def _env_group_states(b_a, b_b, b_carry, ZERO: tl.constexpr):
 
 
 @triton.jit
-def carry_tile(b_carry, BT: tl.constexpr, GROUPED: tl.constexpr):
-    """The carry [BN] in the form the chunk scan of the tile form takes and returns: unchanged for
-    plain tiles, broadcast to [G, BN] for grouped ones. Triton lays a [BN] vector out on its own; a
-    broadcast of it inside every chunk went through shared memory with a full row per thread (1 KB
-    per thread at G = 256, read from the PTX), so grouped tiles carry the broadcast tile instead."""
-    if GROUPED > 0:
-        b_carry = tl.broadcast_to(b_carry[None, :], [BT // GROUPED, b_carry.shape[0]])
+def carry_tile(b_carry, BT: tl.constexpr, FORM: tl.constexpr):
+    """The carry [BN] in the form the chunk scan of the tile form takes and returns: unchanged but for
+    group-major tiles, which carry it broadcast to [G, BN] (a broadcast inside every chunk went through
+    shared memory with a full row per thread)."""
+    if FORM == GROUPS4:
+        b_carry = tl.broadcast_to(b_carry[None, :], [BT // 4, b_carry.shape[0]])
+    elif FORM == GROUPS8:
+        b_carry = tl.broadcast_to(b_carry[None, :], [BT // 8, b_carry.shape[0]])
     return b_carry
 
 
 @triton.jit
-def carry_row(b_carry, GROUPED: tl.constexpr):
+def carry_row(b_carry, FORM: tl.constexpr):
     """Inverse of :func:`carry_tile`: the carry as [BN]."""
-    if GROUPED > 0:
+    if FORM == GROUPS4 or FORM == GROUPS8:
         b_carry = _edge(b_carry, 0, True, False)
     return b_carry
 
@@ -233,78 +241,71 @@ def _edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
 
 
 @triton.jit
-def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr,
+def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr,
                ZERO: tl.constexpr = False):  # fmt: skip
     """Scan of one chunk (see :func:`chunk`) seeded with the carry [BN] (the state before the chunk
     in processing order). Returns (x, new carry, the chunk's product of a), the last two being the
     chunk's aggregate for multi-block scans. ZERO: the carry is known to be 0 (a block's first chunk
     without a seed), so it is not applied."""
-    if GROUPED > 0:
+    if FORM == GROUPS4 or FORM == GROUPS8:
         b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO)
-    elif GROUPED < -1:
+    elif FORM == ENV_GROUPS:
         b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO)
-    else:  # plain tiles; descending ones (GROUPED = -1) hold processing order, so they scan forward
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and GROUPED == 0)
+    else:  # plain tiles; descending ones hold processing order, so they scan forward
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and FORM == PLAIN)
         b_x = _on(b_A, b_B, b_carry[:, None], ZERO)
-        b_carry_new = _edge(b_x, 1, REVERSE and GROUPED == 0, False)
-        b_Ac = _edge(b_A, 1, REVERSE and GROUPED == 0, False)
+        b_carry_new = _edge(b_x, 1, REVERSE and FORM == PLAIN, False)
+        b_Ac = _edge(b_A, 1, REVERSE and FORM == PLAIN, False)
     return b_x, b_carry_new, b_Ac
 
 
 @triton.jit
-def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr,
+def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr,
                     ZERO: tl.constexpr = False):  # fmt: skip
     """:func:`scan_chunk` of a recurrence that also returns the state one step earlier in processing
     order at each slot (x_{t+1} of a reverse recurrence; the carry at the chunk's first processed
     slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
-    if GROUPED > 0:
+    if FORM == GROUPS4 or FORM == GROUPS8:
         b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO)
-    elif GROUPED < -1:
+    elif FORM == ENV_GROUPS:
         b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO)
     else:
         b_A, b_B, b_nA, b_nB = tl.associative_scan(
             (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
-            linear_combine_next, reverse=REVERSE and GROUPED == 0,
+            linear_combine_next, reverse=REVERSE and FORM == PLAIN,
         )  # fmt: skip
         b_x = _on(b_A, b_B, b_carry[:, None], ZERO)
         b_xn = _on(b_nA, b_nB, b_carry[:, None], ZERO)
-        b_carry_new = _edge(b_x, 1, REVERSE and GROUPED == 0, False)
-        b_Ac = _edge(b_A, 1, REVERSE and GROUPED == 0, False)
+        b_carry_new = _edge(b_x, 1, REVERSE and FORM == PLAIN, False)
+        b_Ac = _edge(b_A, 1, REVERSE and FORM == PLAIN, False)
     return b_x, b_xn, b_carry_new, b_Ac
 
 
-# Multi-block scans. One program per (env block, time block) when rows are long and envs few:
-#   PHASE 0: single pass, the program walks the whole row (CPB = all chunks, one time block).
-#   PHASE 1: each program scans its time block from a zero state and stores the block's aggregate
-#            (A = product of a, B = final state) in [N, NK] buffers; no outputs are written.
-#   PHASE 2: each program folds the aggregates of the blocks before it (in processing order) into
-#            the state entering its block, rescans the block from that state and writes outputs.
-#   PHASE 3: one launch, one chunk per time block: each program scans its chunk, publishes the
-#            chunk's aggregate, learns the state entering its block from the blocks before it
-#            (lookback), and applies it to the chunk still in registers. Inputs are read once.
-#   PHASE 4: PHASE 3 with blocks numbered by program id instead of a ticket (env_block; the default).
-#   PHASE 5: PHASE 4 with flags tagged by an epoch, so the flag buffer is kept from call to call instead
-#            of zeroed for each (lookback; the default for launches of few blocks, plans.EPOCH_MAX_BLOCKS).
-# ONE (constexpr, any phase): the program's block is one chunk (PHASE 0: rows of one chunk, T <= BT,
-# the common case; PHASE 3-5 always; PHASE 1/2 when CPB = 1). The chunk loop then has constant bounds,
-# so the compiler drops it, and with it the new carry and the chunk's aggregate that nothing reads
-# (cross-warp reductions: GAE's sm_90 PTX at 512-step chunks goes from 18 to 11 bar.sync, the
-# forward traces kernel's from 5 to 1).
-# In PHASE 1/2 inputs are read twice, but every program has work: a 1 x 1M row becomes hundreds of
-# programs instead of one walking 1M steps. Blocks are numbered in processing order, so for a
-# reverse recurrence block 0 holds the last time steps.
+# Multi-block scans: one program per (env block, time block) when rows are long and envs few. PHASE:
+#   SINGLE: the program walks its whole row (CPB = all chunks, one time block).
+#   AGGREGATES, RESCAN (two passes): each program scans its time block from a zero state and stores the
+#     block's aggregate (A = product of a, B = final state) in [N, NK] buffers, no outputs; then each folds
+#     the aggregates of the blocks before it (in processing order) into the state entering its block, and
+#     rescans the block from that state. Inputs are read twice, but every program has work.
+#   LOOKBACK, LOOKBACK_EPOCHS: one launch, one chunk per time block: each program scans its chunk,
+#     publishes its aggregate, learns the state entering its block from the blocks before it
+#     (:func:`lookback`) and applies it to the chunk still in registers; blocks are numbered by program id.
+#     With epochs the flags are kept from call to call instead of zeroed for each (plans.EPOCH_MAX_BLOCKS).
+# ONE (constexpr, any phase): the program's block is one chunk. The chunk loop then has constant bounds, so
+# the compiler drops it, and with it the new carry and the chunk's aggregate that nothing reads.
+# Blocks are numbered in processing order, so for a reverse recurrence block 0 holds the last time steps.
 
 
-# The look-back's flag buffer (PHASE 3-5; launch._scratch), int32. PHASE 3 and 4: zeroed for each call,
-# the N * NK flags (one per time block), then PHASE 3's ticket. PHASE 5: kept from call to call, N epochs
-# (one per row, padded to whole 128-byte lines), then the flags.
+# The look-back's flag buffer (launch._scratch), int32: LOOKBACK, zeroed for each call: the N * NK flags (one
+# per time block); LOOKBACK_EPOCHS, kept from call to call: N epochs (one per row, padded to whole 128-byte
+# lines), then the flags.
 EPOCH_LINE = 32
 _EPOCH_LINE = tl.constexpr(EPOCH_LINE)
 
 
 def flag_buffer_size(n: int, nk: int, epochs: bool) -> int:
-    """Elements of the flag buffer of a look-back over ``n`` rows of ``nk`` blocks (PHASE 5: ``epochs``)."""
-    return (-(-n // EPOCH_LINE) * EPOCH_LINE if epochs else 1) + n * nk
+    """Elements of the flag buffer of a look-back over ``n`` rows of ``nk`` blocks (LOOKBACK_EPOCHS: ``epochs``)."""
+    return (-(-n // EPOCH_LINE) * EPOCH_LINE if epochs else 0) + n * nk
 
 
 @triton.jit
@@ -312,13 +313,13 @@ def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, P
                 ACC: tl.constexpr, BN: tl.constexpr, NKP: tl.constexpr, ONE: tl.constexpr):  # fmt: skip
     """Time block ``i_k``: (chunk loop bounds, offset added to the loop index to get the chunk,
     (A, B) of everything before the block, A of the block so far = 1). The state entering the block
-    is A * x_init + B (B alone when the recurrence starts from 0). PHASE 3-5 learn (A, B) later, from
+    is A * x_init + B (B alone when the recurrence starts from 0). Look-back blocks learn (A, B) later, from
     :func:`lookback`. ONE (the block is one chunk): constant loop bounds, so the compiler drops the
     loop of one iteration and the carry and aggregate reductions nothing reads after it."""
     if ONE:
         c_lo = 0
         c_hi = 1
-        if PHASE == 0:
+        if PHASE == SINGLE:
             c_off = 0
         else:
             c_off = i_k  # one chunk per block
@@ -328,7 +329,7 @@ def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, P
         c_off = 0
     b_Apre = tl.full([BN], 1.0, dtype=ACC)
     b_Bpre = tl.zeros([BN], dtype=ACC)
-    if PHASE == 2:
+    if PHASE == RESCAN:
         o_k = tl.arange(0, NKP)
         m = m_n[:, None] & (o_k < i_k)[None, :]
         off = o_n.to(tl.int64)[:, None] * NK + o_k[None, :]
@@ -343,8 +344,8 @@ def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, P
 
 @triton.jit
 def block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_A, b_carry, PHASE: tl.constexpr):
-    """PHASE 1: store the time block's aggregate (A, B)."""
-    if PHASE == 1:
+    """AGGREGATES: store the time block's aggregate (A, B)."""
+    if PHASE == AGGREGATES:
         off = o_n.to(tl.int64) * NK + i_k
         tl.store(p_agg_a + off, b_A, mask=m_n)
         tl.store(p_agg_b + off, b_carry, mask=m_n)
@@ -376,7 +377,7 @@ def _fold_published(p_agg_a, p_agg_b, p_flag, o_b, m_b, LEVEL, WRAP: tl.constexp
 @triton.jit
 def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, ACC: tl.constexpr, S: tl.constexpr,
              EPOCHS: tl.constexpr):  # fmt: skip
-    """PHASE 3-5: the (A, B) of everything before time block ``i_k`` of env ``i_n`` (one env per program),
+    """The (A, B) of everything before time block ``i_k`` of env ``i_n`` (one env per program),
     given the block's own aggregate (b_Al, b_Bl) [1]. Deterministic: the blocks are cut into windows
     of S (at most S windows per row: the launcher picks S >= sqrt(NK)); the last block of each window
     publishes the window's aggregate, which depends on that window alone; the state before block k
@@ -389,17 +390,16 @@ def lookback(p_agg_a, p_agg_b, p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, ACC: tl.c
     [2, N, NK] buffers: p_agg_* [0] block aggregates, [1] window aggregates (stored at the window's
     last block). p_flag: the flag buffer (EPOCH_LINE above); the row's flags hold E + 1 once the
     block's aggregate is stored, E + 2 once its window's is, where E is the row's epoch in this call
-    (EPOCHS, PHASE 5: read by :func:`env_block`; 0 in PHASE 3 and 4, whose buffers are zeroed); what an
+    (EPOCHS, LOOKBACK_EPOCHS: read by :func:`env_block`; 0 in LOOKBACK, whose buffers are zeroed); what an
     earlier call left there is at most E (and not 2^31 below it: every call writes every flag of its
     rows), so it reads as unpublished. A block publishes its aggregate (and its window's) before it
-    waits, and waits only for blocks numbered before it: in PHASE 3 by their tickets, so they have
-    started and every wait ends; in PHASE 4/5 by program id, which relies on the GPU starting programs
-    in id order (env_block).
+    waits, and waits only for blocks numbered before it by program id, which relies on the GPU starting
+    programs in id order (env_block).
 
     The row's last block advances the row's epoch by 2 once its waits are over: every block of the row
     has published a flag computed from E by then (directly, or through its window's last block, which
     published after seeing them), so has read E. The next call on the buffer then needs no zeroed
-    flags (PHASE 5, launch._lookback_flags)."""
+    flags (LOOKBACK_EPOCHS, launch._lookback_flags)."""
     o1 = tl.arange(0, 1)
     if EPOCHS:
         p_epoch = p_flag + i_n
@@ -485,7 +485,7 @@ def lookback_envs(p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, S: tl.constexpr, EPOCH
     after a barrier does not make the other threads' aggregate stores visible at GPU scope, which is why the
     first form of this look-back (docs/design.md) read stale aggregates. Buffer
     (:func:`tm_flag_buffer_size`): the epochs of the cdiv(N, W) env blocks, then the words of the planes
-    [block A, block B, window A, window B] x env blocks x NK x W, zeroed once (PHASE 5) or per call (PHASE 4).
+    [block A, block B, window A, window B] x env blocks x NK x W, zeroed once (LOOKBACK_EPOCHS) or per call (LOOKBACK).
     Every call writes every block word of its rows, and the window words its readers read."""
     W: tl.constexpr = b_Al.shape[0]
     tl.static_assert(b_Al.dtype == tl.float32, "time-major look-back: float32 aggregates")
@@ -518,25 +518,24 @@ def lookback_envs(p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, S: tl.constexpr, EPOCH
 
 @triton.jit
 def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
-                    GROUPED: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, EPOCHS: tl.constexpr):  # fmt: skip
-    """PHASE 3-5 (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
+                    FORM: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, EPOCHS: tl.constexpr):  # fmt: skip
+    """Look-back phases (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
     in registers, then :func:`lookback` (one env per program) or :func:`lookback_envs` (blocks of time-major
-    envs, PHASE 4/5). Returns (A, B) of everything before the block, [1] or [BN]."""
-    b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, GROUPED)
-    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, GROUPED, True)
+    envs). Returns (A, B) of everything before the block, [1] or [BN]."""
+    b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, FORM)
+    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True)
     if o_n.shape[0] == 1:
         b_A, b_B = lookback(
-            p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED), E, ACC, S, EPOCHS
+            p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Al, carry_row(b_Bl, FORM), E, ACC, S, EPOCHS
         )
     else:
-        b_A, b_B = lookback_envs(p_flag, tl.min(o_n, 0) // o_n.shape[0], i_k, N, NK, b_Al, carry_row(b_Bl, GROUPED),
+        b_A, b_B = lookback_envs(p_flag, tl.min(o_n, 0) // o_n.shape[0], i_k, N, NK, b_Al, carry_row(b_Bl, FORM),
                                  E, S, EPOCHS)  # fmt: skip
     return b_A, b_B
 
 
 @triton.jit
-def row_length(T, TDIV: tl.constexpr, EXACT_T: tl.constexpr = False, BT: tl.constexpr = 1, PHASE: tl.constexpr = 0,
-               GROUPED: tl.constexpr = -4):  # fmt: skip
+def row_length(T, TDIV: tl.constexpr, EXACT_T: tl.constexpr = False, BT: tl.constexpr = 1, PHASE: tl.constexpr = 0):
     """``T``, in a form from which the compiler knows it a multiple of ``TDIV`` (the launcher passes
     TDIV > 1 only where that holds: plans.row_div). Triton specialises an integer argument on
     divisibility by 16 only; from a multiple of 4 (or 8) it can prove 4-step rows 16-byte aligned and
@@ -544,7 +543,7 @@ def row_length(T, TDIV: tl.constexpr, EXACT_T: tl.constexpr = False, BT: tl.cons
     what the compiler's analysis derives from the multiplication. EXACT_T (single-pass rows of one chunk, T == BT
     steps; Plan.exact_t): the constexpr BT itself."""
     if EXACT_T:
-        tl.static_assert(PHASE == 0, "EXACT_T: single-pass rows of one chunk")
+        tl.static_assert(PHASE == SINGLE, "EXACT_T: single-pass rows of one chunk")
         T = BT
     elif TDIV > 1:
         T = (T // TDIV) * TDIV
@@ -566,28 +565,20 @@ def env_block(
     p_flag, N, T, NK, BN: tl.constexpr, PHASE: tl.constexpr, TM: tl.constexpr = 0, FULL: tl.constexpr = False
 ):
     """The envs of this program: ids [BN], their mask, the offset of each row's first element (int64:
-    N * T may exceed 2^31), the program's time block, and in PHASE 5 the row's look-back epoch (0
-    otherwise), read here so that the load overlaps the inputs' (:func:`lookback`). In PHASE 3 the
-    (env block, time block) pair comes from a ticket (an atomic counter after the flags) instead of
-    the program ids: blocks take tickets in the order they start, so every block a program waits for
-    has started. PHASE 4/5 is the same look-back numbered by program id instead (no atomic
-    before the loads; relies on the GPU starting programs in the order of their ids, as CUB's
-    decoupled look-back does; the one launched). TM: time-major rows (:func:`time_stride`),
-    whose first elements are the env ids themselves. FULL (EXACT_T, :func:`row_length`, or WHOLE, :func:`chunk`) with
-    one env per program: the env mask is a constant (the grid has a program per env), so that with the time mask
-    gone every mask of the chunk folds away (a constant env mask alone made the sm_90 code longer, not shorter). GAE
-    and the returns pass EXACT_T or WHOLE, Retrace WHOLE; V-trace nothing, and Retrace not EXACT_T: with it their
-    rows of 4 or 8 steps in programs of one env would round differently (the constant mask changed which products
-    the compiler fused into FMAs there)."""
+    N * T may exceed 2^31), the program's time block, and with LOOKBACK_EPOCHS the row's look-back epoch (0
+    otherwise), read here so that the load overlaps the inputs' (:func:`lookback`). Look-back blocks are
+    numbered by program id, which relies on the GPU starting programs in the order of their ids (as CUB's
+    decoupled look-back does). TM: time-major rows (:func:`time_stride`), whose first elements are the env
+    ids themselves. FULL (EXACT_T, :func:`row_length`, or WHOLE, :func:`chunk`) with one env per program: the
+    env mask is a constant (a program per env), so that with the time mask gone every mask folds away. V-trace
+    never passes it, Retrace only with WHOLE: their rows of 4 or 8 steps would round differently (the constant
+    mask changes which products the compiler fuses into FMAs)."""
     N = env_count(N, TM)
-    if PHASE >= 3:
-        if PHASE == 3:
-            v = tl.atomic_add(p_flag + N.to(tl.int64) * NK, 1)
-        else:
-            v = tl.program_id(0)
+    if PHASE >= LOOKBACK:
+        v = tl.program_id(0)
         i_n = v // NK
         i_k = v % NK
-        if PHASE == 5:
+        if PHASE == LOOKBACK_EPOCHS:
             epoch = tl.load(p_flag + i_n)
         else:
             epoch = 0
@@ -621,7 +612,7 @@ def time_stride(N, TM: tl.constexpr):
 
 
 @triton.jit
-def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROUPED: tl.constexpr, ST=1,
+def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr, ST=1,
           WHOLE: tl.constexpr = False):  # fmt: skip
     """The ``i_p``-th chunk in processing order (the last chunk of the row first when REVERSE).
     Returns, shaped to broadcast against the tile ([BN, BT] plain, [G, BN, S] grouped, [BN, G, 4]
@@ -632,16 +623,17 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         i_c = tl.cdiv(T, BT) - 1 - i_p
     else:  # i_p in T's integer type: int64 for rows over 2^31 steps, where i_c * BT must not wrap
         i_c = i_p + (T - T)
-    if GROUPED > 0:
+    if FORM == GROUPS4 or FORM == GROUPS8:
         tl.static_assert(REVERSE, "grouped tiles serve reverse recurrences only")
-        G: tl.constexpr = BT // GROUPED
+        S: tl.constexpr = 8 if FORM == GROUPS8 else 4
+        G: tl.constexpr = BT // S
         o_g = G - 1 - tl.arange(0, G)  # latest group first
-        o_t = (i_c * BT + o_g * GROUPED)[:, None, None] + tl.arange(0, GROUPED)[None, None, :]
+        o_t = (i_c * BT + o_g * S)[:, None, None] + tl.arange(0, S)[None, None, :]
         o_nb = o_n[None, :, None]
         m_nb = m_n[None, :, None]
         off = o_row[None, :, None] + o_t * ST
-    elif GROUPED < -1:
-        tl.static_assert(REVERSE and GROUPED == -4, "env-major groups: reverse recurrences, 4 steps")
+    elif FORM == ENV_GROUPS:
+        tl.static_assert(REVERSE, "env-major groups serve reverse recurrences only")
         G: tl.constexpr = BT // 4
         o_g = G - 1 - tl.arange(0, G)  # latest group first
         o_t = (i_c * BT + (o_g * 4)[:, None] + tl.arange(0, 4)[None, :])[None, :, :]
@@ -650,7 +642,7 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
         off = o_row[:, None, None] + o_t * ST
     else:
         o_s = tl.arange(0, BT)
-        if GROUPED == -1:  # descending tiles: processing order, the latest step first
+        if FORM == DESCENDING:  # processing order, the latest step first
             tl.static_assert(REVERSE, "descending tiles serve reverse recurrences only")
             o_s = BT - 1 - o_s
         o_t = (i_c * BT + o_s)[None, :]
@@ -665,10 +657,94 @@ def chunk(i_p, T, o_row, o_n, m_n, BT: tl.constexpr, REVERSE: tl.constexpr, GROU
 
 
 @triton.jit
+def scan_rows(
+    ins, outs, hp,  # tuples: what the prologue reads (pointers), the outputs, the hyper-parameters' (hi, lo) halves
+    N, T, p_agg_a, p_agg_b, p_flag, NK, CPB,  # envs, steps; multi-block scratch (see PHASE above)
+    SCALARS: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,  # the algorithm: @triton.jit functions
+    K: tl.constexpr,  # a tuple of the algorithm's own constexprs, handed to both
+    PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+    NKP: tl.constexpr, FORM: tl.constexpr, EXACT_T: tl.constexpr, TDIV: tl.constexpr, TM: tl.constexpr,
+    WHOLE: tl.constexpr,  # the plan's constexprs (launch._build)
+    REVERSE: tl.constexpr = True, NEXT: tl.constexpr = False, FULL: tl.constexpr = False,
+    p_seed=None, HAS_SEED: tl.constexpr = False, SEEDED: tl.constexpr = False,
+):  # fmt: skip
+    """The one driver loop of the fused kernels: this program's envs and time block, the carry, and per chunk
+    (in processing order) its slots, the algorithm's prologue, the state entering the block (look-back), the
+    scan and the algorithm's epilogue; then the block's aggregate (AGGREGATES).
+
+    ``SCALARS(hp, ACC) -> hps``: the scalars the prologue and epilogue take (:func:`hp_scalars`, or derived
+    ones), once per program. ``PROLOGUE(ins, hps, off, o_t, m, o_n, m_n, T, ST, K, ACC) -> (a, b, ctx)``: the
+    coefficients of x_t = a_t x_{t -/+ 1} + b_t at the chunk's slots (``off`` element offsets, ``o_t`` steps,
+    ``m`` mask, all tile-shaped; ``o_n``, ``m_n`` the env ids and mask shaped to broadcast against the tile;
+    ``ST`` the :func:`time_stride`), the identity (1, 0) where ``m`` is false, and a tuple ``ctx`` of what the
+    epilogue needs. ``EPILOGUE(outs, ins, hps, ctx, x, xn, off, m, ST, K, ACC)`` stores the outputs from the
+    states x (and with NEXT the states one step earlier in processing order, :func:`scan_chunk_next`; else xn
+    is x).
+
+    REVERSE: backward recurrence. FULL: the env mask is a constant (:func:`env_block`). SEEDED (forward
+    rows): the row starts from a seed state, p_seed's [N] where HAS_SEED, else 0, to which look-back blocks
+    apply the map of the blocks before them; other rows start from 0, which no phase applies."""
+    T = row_length(T, TDIV, EXACT_T, BT, PHASE)
+    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, FULL)
+    ST = time_stride(N, TM)
+    hps = SCALARS(hp, ACC)  # here, where the kernels always rebuilt them: the same code
+    c_lo, c_hi, c_off, b_Apre, b_carry, b_Ablk = block_begin(
+        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
+    )
+    if SEEDED:
+        b_seed = tl.zeros([BN], dtype=ACC)
+        if HAS_SEED:
+            b_seed = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
+            if PHASE == SINGLE or PHASE == RESCAN:  # the state entering the block: the prefix map on the seed
+                b_carry = state_on(b_Apre, b_carry, b_seed)
+    b_carry = carry_tile(b_carry, BT, FORM)
+    # a block's first chunk that starts from the zero state does not apply it
+    ZERO: tl.constexpr = ONE and (PHASE == AGGREGATES or (PHASE == SINGLE and not HAS_SEED))
+    for i_c in range(c_lo, c_hi):
+        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
+        b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
+        if PHASE >= LOOKBACK:  # one chunk per block: the state entering it from the blocks before
+            b_Ap, b_Bp = lookback_prefix(
+                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, REVERSE, FORM, ACC, NKP,
+                PHASE == LOOKBACK_EPOCHS,
+            )  # fmt: skip
+            if SEEDED:
+                b_Bp = state_on(b_Ap, b_Bp, b_seed)
+            b_carry = carry_tile(b_Bp, BT, FORM)
+        if NEXT:
+            b_x, b_xn, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO)
+        else:
+            b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO)
+            b_xn = b_x
+        b_Ablk *= b_Ac
+        if PHASE != AGGREGATES:
+            EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
+    b_carry = carry_row(b_carry, FORM)
+    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
+
+
+@triton.jit
 def hp_scalar(hi, lo, ACC: tl.constexpr):
     """Rebuilds a float64 hyper-parameter passed as two float32 halves (Triton passes Python
     floats as float32): exact to ~1e-15 in float64 mode, the float32 value in float32 mode."""
     return tl.cast(hi, ACC) + tl.cast(lo, ACC)
+
+
+@triton.jit
+def hp_scalars(hp, ACC: tl.constexpr):
+    """The hyper-parameters passed as (hi, lo) halves ``hp = (x_hi, x_lo, y_hi, y_lo, ...)``, 1 to 4 of them, as
+    ACC scalars (:func:`hp_scalar`): a :func:`scan_rows` SCALARS."""
+    tl.static_assert(len(hp) in (2, 4, 6, 8), "hp_scalars: 1 to 4 (hi, lo) pairs")
+    if len(hp) == 2:
+        out = (hp_scalar(hp[0], hp[1], ACC),)
+    elif len(hp) == 4:
+        out = (hp_scalar(hp[0], hp[1], ACC), hp_scalar(hp[2], hp[3], ACC))
+    elif len(hp) == 6:
+        out = (hp_scalar(hp[0], hp[1], ACC), hp_scalar(hp[2], hp[3], ACC), hp_scalar(hp[4], hp[5], ACC))
+    else:
+        out = (hp_scalar(hp[0], hp[1], ACC), hp_scalar(hp[2], hp[3], ACC), hp_scalar(hp[4], hp[5], ACC),
+               hp_scalar(hp[6], hp[7], ACC))  # fmt: skip
+    return out
 
 
 @triton.jit
@@ -697,14 +773,14 @@ def linear_scan_kernel(
     BN: tl.constexpr,  # envs per program
     BT: tl.constexpr,  # time steps per chunk
 ):
-    o_n, m_n, o_row, _k, _e = env_block(p_x, N, T, 1, BN, 0)
+    o_n, m_n, o_row, _k, _e = env_block(p_x, N, T, 1, BN, SINGLE)
     if HAS_INIT:
         b_carry = tl.load(p_init + o_n, mask=m_n, other=0).to(ACC)
     else:
         b_carry = tl.zeros([BN], dtype=ACC)
     for i_c in range(0, tl.cdiv(T, BT)):
-        o_t, m, off, _n, _m = chunk(i_c, T, o_row, o_n, m_n, BT, REVERSE, False)
+        o_t, m, off, _n, _m = chunk(i_c, T, o_row, o_n, m_n, BT, REVERSE, PLAIN)
         b_a = tl.load(p_a + off, mask=m, other=1).to(ACC)
         b_b = tl.load(p_b + off, mask=m, other=0).to(ACC)
-        b_x, b_carry, _ = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, False)
+        b_x, b_carry, _ = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, PLAIN)
         tl.store(p_x + off, b_x, mask=m)

@@ -1,9 +1,10 @@
-"""Fused kernels: per-algorithm prologues and epilogues around the shared scan core.
+"""Fused kernels: per-algorithm prologues and epilogues around the shared scan driver.
 
-Each kernel reads every input once and writes every output once: the coefficients ``a_t``,
-``b_t`` of the recurrence are computed in registers from the loaded inputs (the prologue), the
-chunk is scanned by :func:`core.scan_chunk`, and the outputs are formed in registers (the
-epilogue). Nothing intermediate goes to device memory.
+Each kernel reads every input once and writes every output once: :func:`core.scan_rows` walks the
+chunks of the program's rows, the algorithm's prologue computes the coefficients ``a_t``, ``b_t`` of
+the recurrence in registers from the loaded inputs, the chunk is scanned, and its epilogue forms and
+stores the outputs. Nothing intermediate goes to device memory. A kernel only rebuilds its
+hyper-parameters and hands its pointers, prologue and epilogue to the driver.
 
 V-trace and Retrace need ``x_{t+1}`` in their epilogue (``vs_{t+1}``, ``q_targets_{t+1}``). There is
 no register shift across a tile, so those kernels scan (inclusive, exclusive) pairs of maps
@@ -21,8 +22,7 @@ Containment (docs/semantics.md): what a zero flag factor multiplies is selected 
 arithmetic (v_next_t and E_t at terminated steps, c at done steps, the next values at truncations),
 and so is what the epilogues read there (q_t, X_t); the scan itself selects at zero coefficients
 (kernels/core.py), which needs finite coefficients: c_t = min(c_bar, ratio) takes c_bar for a NaN
-ratio. The first chunk of a block without a seed starts from the zero state, which the scan does not
-apply (ZERO).
+ratio.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from . import core
-from .core import block_begin, block_end, chunk, env_block, hp_scalar, scan_chunk, scan_chunk_next
+from .core import ENV_GROUPS, PLAIN, hp_scalar
 
 
 @triton.jit
@@ -68,6 +68,49 @@ def next_value(p_v, p_boot, off, m, q_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: 
     return tl.where(q_bnd, b_boot, b_v1)
 
 
+# Each algorithm below is a prologue, an epilogue and a kernel that hands them to core.scan_rows (the
+# interfaces are in its docstring). ins/outs/hp are tuples, K a tuple of the algorithm's constexprs.
+
+
+@triton.jit
+def gae_scalars(hp, ACC: tl.constexpr):
+    """(gamma, gamma lambda)."""
+    gamma = hp_scalar(hp[0], hp[1], ACC)
+    return gamma, gamma * hp_scalar(hp[2], hp[3], ACC)
+
+
+@triton.jit
+def gae_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC: tl.constexpr):
+    """GAE: a_t = gamma lambda (0 at done steps), b_t = delta_t."""
+    HAS_TRUNC: tl.constexpr = K[0]
+    HAS_BOOT: tl.constexpr = K[1]
+    HAS_LAST: tl.constexpr = K[2]
+    NEXT_ALL: tl.constexpr = K[3]
+    p_r, p_v, p_term, p_trunc, p_boot, p_last = ins
+    gamma, gl = hps
+    q_term, q_trunc, q_bnd, b_boot = step_context(
+        p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
+    )
+    b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
+    b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
+    # v_next_t is not read at terminated steps: 0 there, which also stands for the factor (1 - term_t)
+    b_vnext = tl.where(q_term, 0.0, next_value(p_v, p_boot, off, m, q_bnd, b_boot, NEXT_ALL, ACC, ST))
+    b_delta = b_r + gamma * b_vnext - b_v
+    b_a = tl.where(m, tl.where(q_term | q_trunc, 0.0, gl), 1.0)
+    b_b = tl.where(m, b_delta, 0.0)
+    return b_a, b_b, ()
+
+
+@triton.jit
+def gae_epilogue(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
+    TARGET: tl.constexpr = K[4]
+    p_adv, p_tgt = outs
+    tl.store(p_adv + off, b_x, mask=m)
+    if TARGET:  # the stored advantage plus V(s_t), rounded once: what `adv + values` gives
+        b_x = b_x.to(p_adv.dtype.element_ty).to(ACC)
+        tl.store(p_tgt + off, b_x + tl.load(ins[1] + off, mask=m, other=0).to(ACC), mask=m)
+
+
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
 def gae_kernel(
     p_r,  # [N, T] rewards
@@ -86,64 +129,34 @@ def gae_kernel(
     TARGET: tl.constexpr,  # also store the value targets
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
-    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
-    # Env-major rows of one chunk, T == BT (GROUPED = -4; Plan.exact_t): the row length as a constexpr,
-    # so that Triton knows every row 16-byte aligned (it specialises T on multiples of 16 only, which 4
-    # and 8 are not) and vectorises the loads; as retrace_kernel's.
+    FORM: tl.constexpr,  # tile form (kernels/core.py)
+    # Env-major rows of one chunk, T == BT (Plan.exact_t): the row length as a constexpr, so that Triton
+    # knows every row 16-byte aligned (it specialises T on multiples of 16 only, which 4 and 8 are not)
+    # and vectorises the loads; as retrace_kernel's.
     EXACT_T: tl.constexpr = False,
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; plans.row_div)
     TM: tl.constexpr = 0,  # time-major rows (core.time_stride; Plan.env_div)
     WHOLE: tl.constexpr = False,  # T a multiple of BT, rows of whole chunks (core.chunk; Plan.whole)
 ):  # fmt: skip
-    T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T or WHOLE)
-    ST = core.time_stride(N, TM)
-    gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
-    gl = gamma * hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
-    )
-    b_carry = core.carry_tile(b_carry, BT, GROUPED)
-    for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
-        q_term, q_trunc, q_bnd, b_boot = step_context(
-            p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
-        )
-        b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
-        b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
-        # v_next_t is not read at terminated steps: 0 there, which also stands for the factor (1 - term_t)
-        # (selects of the factors' values where products by them were: the same numbers, fewer instructions)
-        b_vnext = tl.where(q_term, 0.0, next_value(p_v, p_boot, off, m, q_bnd, b_boot, NEXT_ALL, ACC, ST))
-        b_delta = b_r + gamma * b_vnext - b_v
-        b_a = tl.where(m, tl.where(q_term | q_trunc, 0.0, gl), 1.0)
-        b_b = tl.where(m, b_delta, 0.0)
-        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
-            b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
-            )
-            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
-        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED, ONE and PHASE < 2)
-        b_Ablk *= b_Ac
-        if PHASE != 1:
-            tl.store(p_adv + off, b_x, mask=m)
-            if TARGET:  # the stored advantage plus V(s_t), rounded once: what `adv + values` gives
-                b_x = b_x.to(p_adv.dtype.element_ty).to(ACC)
-                tl.store(p_tgt + off, b_x + tl.load(p_v + off, mask=m, other=0).to(ACC), mask=m)
-    b_carry = core.carry_row(b_carry, GROUPED)
-    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
+    core.scan_rows(
+        (p_r, p_v, p_term, p_trunc, p_boot, p_last), (p_adv, p_tgt), (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo), N, T,
+        p_agg_a, p_agg_b, p_flag, NK, CPB, gae_scalars, gae_prologue, gae_epilogue,
+        (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, TARGET),
+        PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE,
+    )  # fmt: skip
 
 
 @triton.jit
-def vtrace_step(
-    p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T,
-    gamma, rho_bar, c_bar,
-    HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
-    ACC: tl.constexpr, ST=1,
-):  # fmt: skip
-    """V-trace prologue at the steps ``o_t``: (a, b) of D_t = b + a D_{t+1}, plus what the
-    epilogue needs (rho, r, v, term, boundary, v_next). ST: the rows' core.time_stride. v_next is 0
-    at terminated steps and c_t is not read at done ones; the boundary flag returned marks terminated
-    steps too, where the epilogue's q_t is v_next (0) rather than vs_{t+1}."""
+def vtrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC: tl.constexpr):
+    """V-trace: (a, b) of D_t = b + a D_{t+1}, plus what the epilogue needs (rho, r, v, boundary, v_next).
+    v_next is 0 at terminated steps and c_t is not read at done ones; the boundary flag passed on marks
+    terminated steps too, where the epilogue's q_t is v_next (0) rather than vs_{t+1}."""
+    HAS_TRUNC: tl.constexpr = K[0]
+    HAS_BOOT: tl.constexpr = K[1]
+    HAS_LAST: tl.constexpr = K[2]
+    NEXT_ALL: tl.constexpr = K[3]
+    p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last = ins
+    gamma, rho_bar, c_bar = hps
     q_term, q_trunc, q_bnd, b_boot = step_context(
         p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
     )
@@ -158,7 +171,24 @@ def vtrace_step(
     b_c = tl.where(b_ratio < c_bar, b_ratio, c_bar)
     b_a = tl.where(q_term | q_trunc, 0.0, gamma * b_c)
     b_b = b_rho * (b_r + gamma * b_vnext - b_v)  # v_next (0 at terminated steps) stands for (1 - term) v_next
-    return b_a, b_b, b_rho, b_r, b_v, q_term, q_bnd | q_term, b_vnext
+    ctx = (b_rho, b_r, b_v, q_bnd | q_term, b_vnext)
+    return tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), ctx
+
+
+@triton.jit
+def vtrace_epilogue(outs, ins, hps, ctx, b_d, b_d1, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
+    NEXT_ALL: tl.constexpr = K[3]
+    p_vs, p_adv = outs
+    b_rho, b_r, b_v, q_bnd, b_vnext = ctx
+    gamma = hps[0]
+    if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
+        b_v1 = tl.load(ins[3] + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
+    else:
+        b_v1 = b_vnext
+    # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer; v_next (0) at terminated steps too
+    b_q = tl.where(q_bnd, b_vnext, b_v1 + b_d1)
+    tl.store(p_vs + off, b_v + b_d, mask=m)
+    tl.store(p_adv + off, b_rho * (b_r + gamma * b_q - b_v), mask=m)  # q_t is 0 at terminated steps
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
@@ -176,48 +206,19 @@ def vtrace_kernel(
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
-    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
+    FORM: tl.constexpr,  # tile form (kernels/core.py)
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
 ):  # fmt: skip
-    T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, WHOLE)  # not EXACT_T: see env_block
-    ST = core.time_stride(N, TM)
-    gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
-    rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
-    c_bar = hp_scalar(c_hi, c_lo, ACC)
-    c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
-    )
-    b_carry = core.carry_tile(b_carry, BT, GROUPED)
-    for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
-        b_a, b_b, b_rho, b_r, b_v, q_term, q_bnd, b_vnext = vtrace_step(
-            p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, off, o_nb, o_t, m, m_nb, T,
-            gamma, rho_bar, c_bar, HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, ACC, ST,
-        )  # fmt: skip
-        b_a = tl.where(m, b_a, 1.0)
-        b_b = tl.where(m, b_b, 0.0)
-        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
-            b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
-            )
-            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
-        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED, ONE and PHASE < 2)
-        b_Ablk *= b_Ac
-        if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
-            b_v1 = tl.load(p_v + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
-        else:
-            b_v1 = b_vnext
-        # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer; v_next (0) at terminated steps too
-        b_q = tl.where(q_bnd, b_vnext, b_v1 + b_d1)
-        if PHASE != 1:
-            tl.store(p_vs + off, b_v + b_d, mask=m)
-            tl.store(p_adv + off, b_rho * (b_r + gamma * b_q - b_v), mask=m)  # q_t is 0 at terminated steps
-    b_carry = core.carry_row(b_carry, GROUPED)
-    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
+    core.scan_rows(
+        (p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last), (p_vs, p_adv),
+        (gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB,
+        core.hp_scalars, vtrace_prologue, vtrace_epilogue, (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL),
+        PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE,
+        REVERSE=True, NEXT=True, FULL=WHOLE,  # not EXACT_T: core.env_block
+    )  # fmt: skip
 
 
 @triton.jit
@@ -260,22 +261,22 @@ def _env_next(x):
 
 
 @triton.jit
-def retrace_step(
-    p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
-    gamma, lmbda, c_bar, rho_bar,
-    A: tl.constexpr, AP: tl.constexpr, PIECES: tl.constexpr, HAS_TRUNC: tl.constexpr, ACC: tl.constexpr,
-    SHIFT: tl.constexpr = False, PI_TILE: tl.constexpr = False, ST=1,
-):  # fmt: skip
-    """Retrace prologue at the steps ``o_t``: (a, b) of Delta_t = b + a Delta_{t+1}, plus
-    (rho, r, q, term, boundary, E) for the epilogue. SHIFT (env-major rows of one chunk) takes c_{t+1}
-    from the tile in registers (:func:`_env_next`) instead of loading the actions, probabilities and
-    behaviour probabilities again at off + 1; PI_TILE (p_w is p_pt, one action tile) picks
-    pi(a_t | s_t) out of the weights tile instead of gathering the same bytes again. Without them the
-    loads keep their order (the code is the same as before they existed: placing the gather of
-    pi(a_t | s_t) after the action tiles cost 15% with 18 actions on the H200, 424 vs 368 us at
-    4096x2048). ST: the rows' core.time_stride (the next step's offset is off + ST). c_{t+1} is not
-    read at done steps nor E_t at terminated ones (0); the boundary flag returned marks terminated
-    steps too, where the epilogue's X_t is E_t (0) rather than q_targets_{t+1}."""
+def retrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC: tl.constexpr):
+    """Retrace: (a, b) of Delta_t = b + a Delta_{t+1}, plus (rho, r, q, boundary, E) for the epilogue. SHIFT
+    (env-major rows of one chunk) takes c_{t+1} from the tile in registers (:func:`_env_next`) instead of
+    loading the actions, probabilities and behaviour probabilities again at off + ST; PI_TILE (p_w is p_pt, one
+    action tile) picks pi(a_t | s_t) out of the weights tile instead of gathering the same bytes again. Without
+    them the loads keep their order (placing the gather of pi(a_t | s_t) after the action tiles measured slower:
+    docs/performance.md). c_{t+1} is not read at done steps nor E_t at terminated ones (0); the boundary flag
+    passed on marks terminated steps too, where the epilogue's X_t is E_t (0) rather than q_targets_{t+1}."""
+    A: tl.constexpr = K[0]
+    AP: tl.constexpr = K[1]
+    PIECES: tl.constexpr = K[2]
+    HAS_TRUNC: tl.constexpr = K[3]
+    SHIFT: tl.constexpr = K[4]
+    PI_TILE: tl.constexpr = K[5]
+    p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc = ins
+    gamma, lmbda, c_bar, rho_bar = hps
     q_term, q_trunc, q_bnd, _ = step_context(
         p_term, p_trunc, p_term, p_term, off, o_t, o_t, m, m, T, HAS_TRUNC, False, False, ACC
     )
@@ -316,7 +317,23 @@ def retrace_step(
     b_a = tl.where(q_term | q_trunc, 0.0, gamma * b_c1)
     b_e = tl.where(q_term, 0.0, b_e)
     b_b = b_r + gamma * b_e - b_q  # E_t (0 at terminated steps) stands for (1 - term) E_t
-    return b_a, b_b, b_rho, b_r, b_q, q_term, q_bnd | q_term, b_e
+    ctx = (b_rho, b_r, b_q, q_bnd | q_term, b_e)
+    return tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), ctx
+
+
+@triton.jit
+def retrace_epilogue(outs, ins, hps, ctx, b_d, b_d1, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
+    SHIFT: tl.constexpr = K[4]
+    p_qt, p_adv = outs
+    b_rho, b_r, b_q, q_bnd, b_e = ctx
+    gamma = hps[0]
+    if SHIFT:  # q_{t+1} from registers (used only where t is no boundary, so t + 1 < T)
+        b_q1 = _env_next(b_q)
+    else:
+        b_q1 = tl.load(ins[3] + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
+    b_x = tl.where(q_bnd, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer; E_t (0) at terminated steps
+    tl.store(p_qt + off, b_q + b_d, mask=m)
+    tl.store(p_adv + off, b_rho * (b_r + gamma * b_x - b_q), mask=m)  # X_t is 0 at terminated steps
 
 
 @triton.jit(
@@ -353,10 +370,9 @@ def retrace_kernel(
     HAS_TRUNC: tl.constexpr, PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr,
     BT: tl.constexpr,
     NKP: tl.constexpr,
-    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
-    # Env-major rows of one chunk (GROUPED = -4; Plan.exact_t): EXACT_T: T == BT, taken as a
-    # constexpr, so that Triton knows every row 16-byte aligned (it specialises T on multiples of 16
-    # only, which 4 and 8 are not) and vectorises the loads; SHIFT and PI_TILE: retrace_step.
+    FORM: tl.constexpr,  # tile form (kernels/core.py)
+    # Env-major rows of one chunk (Plan.exact_t): EXACT_T: T == BT, taken as a constexpr (see gae_kernel);
+    # SHIFT and PI_TILE: retrace_prologue.
     EXACT_T: tl.constexpr = False,
     SHIFT: tl.constexpr = False,
     PI_TILE: tl.constexpr = False,  # only where p_w is p_pt
@@ -364,43 +380,60 @@ def retrace_kernel(
     TM: tl.constexpr = 0,  # time-major rows, [T, N, A] per-action tensors read as (N, T, A) views: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
 ):  # fmt: skip
-    tl.static_assert(GROUPED == -4 or not SHIFT, "SHIFT: env-major rows of one chunk")
-    T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, WHOLE)  # not EXACT_T: see env_block
-    ST = core.time_stride(N, TM)
-    gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
-    lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    c_bar = hp_scalar(c_hi, c_lo, ACC)
-    rho_bar = hp_scalar(rho_hi, rho_lo, ACC)
-    c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
+    tl.static_assert(FORM == ENV_GROUPS or not SHIFT, "SHIFT: env-major rows of one chunk")
+    core.scan_rows(
+        (p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc), (p_qt, p_adv),
+        (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB,
+        core.hp_scalars, retrace_prologue, retrace_epilogue,
+        (A, AP, PIECES, HAS_TRUNC, SHIFT, PI_TILE), PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE,
+        REVERSE=True, NEXT=True, FULL=WHOLE,  # not EXACT_T: core.env_block
+    )  # fmt: skip
+
+
+@triton.jit
+def returns_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC: tl.constexpr):
+    """TD(lambda) returns: a_t = gamma lambda (0 at done steps and boundaries), b_t = r_t + gamma X_t with
+    X_t the bootstrap part of the return's target."""
+    HAS_NV: tl.constexpr = K[0]
+    HAS_TRUNC: tl.constexpr = K[1]
+    HAS_BOOT: tl.constexpr = K[2]
+    EXACT_T: tl.constexpr = K[4]
+    p_r, p_nv, p_term, p_trunc, p_boot, p_v = ins
+    gamma, lmbda = hps
+    q_term, q_trunc, q_bnd, b_boot = step_context(
+        p_term, p_trunc, p_boot, p_boot, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, False, ACC
     )
-    b_carry = core.carry_tile(b_carry, BT, GROUPED)
-    for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
-        b_a, b_b, b_rho, b_r, b_q, q_term, q_bnd, b_e = retrace_step(
-            p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, off, o_t, m, T,
-            gamma, lmbda, c_bar, rho_bar, A, AP, PIECES, HAS_TRUNC, ACC, SHIFT, PI_TILE, ST,
-        )  # fmt: skip
-        b_a = tl.where(m, b_a, 1.0)
-        b_b = tl.where(m, b_b, 0.0)
-        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
-            b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
-            )
-            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
-        b_d, b_d1, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, True, GROUPED, ONE and PHASE < 2)
-        b_Ablk *= b_Ac
-        if SHIFT:  # q_{t+1} from registers (used only where t is no boundary, so t + 1 < T)
-            b_q1 = _env_next(b_q)
-        else:
-            b_q1 = tl.load(p_q + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
-        b_x = tl.where(q_bnd, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer; E_t (0) at terminated steps
-        if PHASE != 1:
-            tl.store(p_qt + off, b_q + b_d, mask=m)
-            tl.store(p_adv + off, b_rho * (b_r + gamma * b_x - b_q), mask=m)  # X_t is 0 at terminated steps
-    b_carry = core.carry_row(b_carry, GROUPED)
-    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
+    b_trunc = q_trunc.to(ACC)
+    b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
+    # X_t minus its recursive part: boot at truncations, (1-lam) nv + lam boot at the last step; the next
+    # values are not read at truncations (X_t = boot_t), nor X_t at terminated steps (selected to 0).
+    if HAS_NV and EXACT_T:
+        # Which of the two products the compiler contracts into an FMA depends on the tile layout; spelled
+        # out, a row's bits do not depend on the number of envs.
+        b_nv = tl.where(q_trunc, 0.0, tl.load(p_nv + off, mask=m, other=0).to(ACC))
+        b_x = tl.fma(b_boot, b_trunc + lmbda * (1 - b_trunc), (1 - b_trunc) * (1 - lmbda) * b_nv)
+    else:
+        b_x = b_boot * (b_trunc + lmbda * (1 - b_trunc))
+        if HAS_NV:
+            b_nv = tl.where(q_trunc, 0.0, tl.load(p_nv + off, mask=m, other=0).to(ACC))
+            b_x += (1 - b_trunc) * (1 - lmbda) * b_nv
+    b_x = tl.where(q_term, 0.0, b_x)  # also stands for the factor (1 - term_t) of gamma (1 - term_t) X_t
+    b_a = tl.where(m, tl.where(q_term | q_bnd, 0.0, gamma * lmbda), 1.0)  # where gamma (1-term) lam (1-bnd) was
+    if HAS_BOOT or HAS_NV:
+        b_b = tl.where(m, b_r + gamma * b_x, 0.0)
+    else:  # X_t minus its recursive part is 0 (r + gamma 0 is r)
+        b_b = tl.where(m, b_r, 0.0)
+    return b_a, b_b, ()
+
+
+@triton.jit
+def returns_epilogue(outs, ins, hps, ctx, b_g, b_gn, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
+    ADV: tl.constexpr = K[3]
+    p_g, p_adv = outs
+    tl.store(p_g + off, b_g, mask=m)
+    if ADV:  # the stored return minus V(s_t), rounded once: what `returns - values` gives
+        b_g = b_g.to(p_g.dtype.element_ty).to(ACC)
+        tl.store(p_adv + off, b_g - tl.load(ins[5] + off, mask=m, other=0).to(ACC), mask=m)
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
@@ -418,65 +451,38 @@ def returns_kernel(
     ADV: tl.constexpr,  # also store the advantages
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
     NKP: tl.constexpr,
-    GROUPED: tl.constexpr,  # tile form (kernels/core.py)
+    FORM: tl.constexpr,  # tile form (kernels/core.py)
     EXACT_T: tl.constexpr = False,  # env-major rows of T == BT steps: see gae_kernel
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
-    T = core.row_length(T, TDIV, EXACT_T, BT, PHASE, GROUPED)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, EXACT_T or WHOLE)
-    ST = core.time_stride(N, TM)
-    gamma = hp_scalar(gamma_hi, gamma_lo, ACC)
-    lmbda = hp_scalar(lmbda_hi, lmbda_lo, ACC)
-    c_lo, c_hi, c_off, _apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
-    )
-    b_carry = core.carry_tile(b_carry, BT, GROUPED)
-    for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, True, GROUPED, ST, WHOLE)
-        q_term, q_trunc, q_bnd, b_boot = step_context(
-            p_term, p_trunc, p_boot, p_boot, off, o_nb, o_t, m, m_nb, T, HAS_TRUNC, HAS_BOOT, False, ACC
-        )
-        b_trunc = q_trunc.to(ACC)
-        b_r = tl.load(p_r + off, mask=m, other=0).to(ACC)
-        # X_t minus its recursive part: boot at truncations, (1-lam) nv + lam boot at the last step; the next
-        # values are not read at truncations (X_t = boot_t), nor X_t at terminated steps (selected to 0).
-        if HAS_NV and EXACT_T:
-            # A sum of two products, of which the compiler contracts one into an FMA, and which one depends
-            # on the tile layout (sm_90 PTX, with truncateds and 8 warps: the form below the else contracts
-            # boot's product except where a thread holds one element, [BN, BT] = 64x4 and 32x8; left to the
-            # compiler, the EXACT_T form contracted nv's at 16x4, 16x8 and 64x8). Spelled out as an FMA of
-            # boot's product: the same bits as the other form at every number of envs but those two
-            # layouts' (33-64 envs at T = 4, 17-32 at T = 8), and a row's bits independent of the number.
-            b_nv = tl.where(q_trunc, 0.0, tl.load(p_nv + off, mask=m, other=0).to(ACC))
-            b_x = tl.fma(b_boot, b_trunc + lmbda * (1 - b_trunc), (1 - b_trunc) * (1 - lmbda) * b_nv)
-        else:
-            b_x = b_boot * (b_trunc + lmbda * (1 - b_trunc))
-            if HAS_NV:
-                b_nv = tl.where(q_trunc, 0.0, tl.load(p_nv + off, mask=m, other=0).to(ACC))
-                b_x += (1 - b_trunc) * (1 - lmbda) * b_nv
-        b_x = tl.where(q_term, 0.0, b_x)  # also stands for the factor (1 - term_t) of gamma (1 - term_t) X_t
-        b_a = tl.where(m, tl.where(q_term | q_bnd, 0.0, gamma * lmbda), 1.0)  # where gamma (1-term) lam (1-bnd) was
-        if HAS_BOOT or HAS_NV:
-            b_b = tl.where(m, b_r + gamma * b_x, 0.0)
-        else:  # X_t minus its recursive part is 0 (r + gamma 0 is r)
-            b_b = tl.where(m, b_r, 0.0)
-        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
-            b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, True, GROUPED, ACC, NKP, PHASE == 5
-            )
-            b_carry = core.carry_tile(b_bpre3, BT, GROUPED)
-        b_g, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, True, GROUPED, ONE and PHASE < 2)
-        b_Ablk *= b_Ac
-        if PHASE != 1:
-            tl.store(p_g + off, b_g, mask=m)
-            if ADV:  # the stored return minus V(s_t), rounded once: what `returns - values` gives
-                b_g = b_g.to(p_g.dtype.element_ty).to(ACC)
-                tl.store(p_adv + off, b_g - tl.load(p_v + off, mask=m, other=0).to(ACC), mask=m)
-    b_carry = core.carry_row(b_carry, GROUPED)
-    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
+    core.scan_rows(
+        (p_r, p_nv, p_term, p_trunc, p_boot, p_v), (p_g, p_adv), (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo), N, T,
+        p_agg_a, p_agg_b, p_flag, NK, CPB, core.hp_scalars, returns_prologue, returns_epilogue,
+        (HAS_NV, HAS_TRUNC, HAS_BOOT, ADV, EXACT_T),
+        PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE,
+    )  # fmt: skip
+
+
+@triton.jit
+def forward_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC: tl.constexpr):
+    """x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t with STARTS_AT)."""
+    STARTS_AT: tl.constexpr = K[0]
+    p_x, p_done = ins
+    if STARTS_AT:
+        q_done = core.flag_set(p_done, off, m)
+    else:
+        q_done = core.flag_set(p_done, off - ST, m & (o_t >= 1))
+    b_a = tl.where(m, tl.where(q_done, 0.0, hps[0]), 1.0)  # a select where scale * (1 - done) was
+    b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
+    return b_a, b_b, ()
+
+
+@triton.jit
+def forward_epilogue(outs, ins, hps, ctx, b_y, b_yn, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
+    tl.store(outs[0] + off, b_y, mask=m)
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "scale_hi", "scale_lo"])
@@ -496,35 +502,8 @@ def forward_trace_kernel(
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
-    T = core.row_length(T, TDIV)
-    o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM)
-    ST = core.time_stride(N, TM)
-    scale = hp_scalar(scale_hi, scale_lo, ACC)
-    c_lo, c_hi, c_off, b_Apre, b_carry, b_Ablk = block_begin(
-        p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
-    )
-    b_seed = tl.zeros([BN], dtype=ACC)
-    if HAS_SEED:
-        b_seed = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
-        if PHASE == 0 or PHASE == 2:  # the state entering the block: (A, B) of the blocks before it, on the seed
-            b_carry = core.state_on(b_Apre, b_carry, b_seed)
-    for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, False, False, ST)
-        if STARTS_AT:
-            q_done = core.flag_set(p_done, off, m)
-        else:
-            q_done = core.flag_set(p_done, off - ST, m & (o_t >= 1))
-        b_a = tl.where(m, tl.where(q_done, 0.0, scale), 1.0)  # a select where scale * (1 - done) was
-        b_b = tl.load(p_x + off, mask=m, other=0).to(ACC)
-        if PHASE >= 3:  # one chunk per block: the state entering it from the blocks before
-            b_apre3, b_bpre3 = core.lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, False, False, ACC, NKP, PHASE == 5
-            )
-            b_carry = core.carry_tile(core.state_on(b_apre3, b_bpre3, b_seed), BT, False)
-        b_y, b_carry, b_Ac = scan_chunk(
-            b_a, b_b, b_carry, BT, False, False, ONE and (PHASE == 1 or (PHASE == 0 and not HAS_SEED))
-        )
-        b_Ablk *= b_Ac
-        if PHASE != 1:
-            tl.store(p_out + off, b_y, mask=m)
-    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
+    core.scan_rows(
+        (p_x, p_done), (p_out,), (scale_hi, scale_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB, core.hp_scalars,
+        forward_prologue, forward_epilogue, (STARTS_AT,), PHASE, ONE, ACC, BN, BT, NKP, PLAIN, False, TDIV, TM, False,
+        REVERSE=False, p_seed=p_seed, HAS_SEED=HAS_SEED, SEEDED=True,
+    )  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ import triton.language as tl
 
 from .. import _config
 from . import core, fused, plans
-from .plans import Form, Plan, Split
+from .plans import Form, Phase, Plan, Split
 
 
 @functools.lru_cache(maxsize=256)
@@ -113,18 +114,43 @@ def _direct(ck, kernel, grid: tuple, n_args: int, constexprs: dict):
     return go
 
 
+class _Single(NamedTuple):
+    """Scratch of a single pass: none (a dummy pointer, three times, and these two ints)."""
+
+    nk: int  # 1 time block
+    cpb: int  # its chunks
+
+
+class _Lookback(NamedTuple):
+    """Scratch of a look-back: block and window aggregates and a flag buffer (core.lookback), or for blocks of
+    ``bn`` time-major envs one buffer of tagged words (core.lookback_envs)."""
+
+    rows: int  # env programs
+    nk: int  # time blocks per row
+    acc: torch.dtype
+    epochs: bool
+    bn: int
+
+
+class _TwoPass(NamedTuple):
+    """Scratch of two passes: the [N, NK] block aggregates."""
+
+    n: int
+    nk: int
+    cpb: int
+    acc: torch.dtype
+
+
 class _Launch:
-    """The launches of one plan on one call signature. ``scratch`` says which scratch arguments are appended
-    to the kernel's: (0, chunks per block) single pass; (3, env programs, blocks, acc dtype, epochs, envs per
-    program) look-back; (1, N, blocks, chunks per block, acc dtype) two passes."""
+    """The launches of one plan on one call signature; ``scratch`` (:class:`_Single`, :class:`_Lookback`,
+    :class:`_TwoPass`, or None for the raw scan) says which scratch arguments are appended to the kernel's."""
 
     __slots__ = ("kernel", "device", "index", "launches", "scratch", "single", "fast", "cached", "flags")
 
     def __init__(self, kernel, device: torch.device, launches: list, scratch: tuple, cached: bool):
         self.kernel, self.device, self.launches, self.scratch = kernel, device, launches, scratch
         self.index = device.index  # read once: torch.device.index costs a property call per launch
-        # a single pass appends a dummy pointer (three times) and these two ints (_scratch, _run)
-        self.single = (1, scratch[1]) if scratch and scratch[0] == 0 else None
+        self.single = scratch if isinstance(scratch, _Single) else None  # _run's fast branch
         self.cached = cached  # reused by later calls: worth keeping the compiled kernels
         self.fast = [None] * len(launches)
         self.flags = {}  # look-back flag buffers by stream (_lookback_flags)
@@ -139,7 +165,7 @@ def _cap_option(maxnreg: int | None) -> dict:
 
 
 # The plan constexprs each kernel takes (those not among its parameters are left out).
-_PLAN_CONSTEXPRS = ("GROUPED", "EXACT_T", "TDIV", "TM", "WHOLE", "PIECES", "SHIFT", "PI_TILE")
+_PLAN_CONSTEXPRS = ("FORM", "EXACT_T", "TDIV", "TM", "WHOLE", "PIECES", "SHIFT", "PI_TILE")
 
 
 def check_plan(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype, time_major: bool) -> None:
@@ -161,7 +187,7 @@ def check_plan(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype, time_m
         bad("the forward scans take plain tiles")
     if plan.form is Form.ENV_GROUPS and plan.bt > plans.ENV_GROUPS_MAX_BT:
         bad(f"env-major groups serve chunks of at most {plans.ENV_GROUPS_MAX_BT} steps")
-    if plan.form in (Form.GROUPS4, Form.GROUPS8) and plan.bt < plan.form.value:
+    if plan.form in (Form.GROUPS4, Form.GROUPS8) and plan.bt < plan.form.group:
         bad("a chunk holds at least one group")
     if plan.exact_t and (t != plan.bt or plan.split is not Split.SINGLE):
         bad("exact_t needs single-pass rows of exactly bt steps")
@@ -182,11 +208,11 @@ def check_plan(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype, time_m
 
 def _build(kernel, plan: Plan, p, constexprs: dict, cached: bool) -> _Launch:
     """The launches of ``plan`` for call ``p`` (``constexprs``: the kernel's own flags): single pass, the
-    look-back (PHASE 4, or 5 with epochs) or two passes (PHASE 1 then 2)."""
+    look-back (with or without epochs) or two passes (aggregates, then the rescan)."""
     n, t = p.num_envs, p.seq_len
     env_div = plan.env_div if p.time_major else 0
     given = dict(
-        GROUPED=int(plan.form), EXACT_T=plan.exact_t, TDIV=plan.row_div, TM=env_div, WHOLE=plan.whole,
+        FORM=int(plan.form), EXACT_T=plan.exact_t, TDIV=plan.row_div, TM=env_div, WHOLE=plan.whole,
         PIECES=plan.pieces, SHIFT=plan.shift, PI_TILE=plan.pi_tile,
     )  # fmt: skip
     names = kernel.arg_names
@@ -195,23 +221,23 @@ def _build(kernel, plan: Plan, p, constexprs: dict, cached: bool) -> _Launch:
     env_programs = plans.cdiv(n, plan.bn)
     n_chunks = plans.cdiv(t, plan.bt)
     if plan.split is Split.SINGLE:
-        extra = {"PHASE": 0, "ONE": n_chunks == 1, "NKP": 1, **_cap_option(plan.maxnreg)}
-        return _Launch(
-            kernel, p.device, [((env_programs, 1), {**constexprs, **extra}, plan.warps)], (0, n_chunks), cached
-        )
+        extra = {"PHASE": int(Phase.SINGLE), "ONE": n_chunks == 1, "NKP": 1, **_cap_option(plan.maxnreg)}
+        launch = ((env_programs, 1), {**constexprs, **extra}, plan.warps)
+        return _Launch(kernel, p.device, [launch], _Single(1, n_chunks), cached)
     acc = torch.float64 if p.dtype == torch.float64 else torch.float32
     if plan.split is Split.LOOKBACK:
-        phase = 5 if plan.epochs else 4
-        extra = {"PHASE": phase, "ONE": True, "NKP": plan.window, **_cap_option(plan.maxnreg)}
+        phase = Phase.LOOKBACK_EPOCHS if plan.epochs else Phase.LOOKBACK
+        extra = {"PHASE": int(phase), "ONE": True, "NKP": plan.window, **_cap_option(plan.maxnreg)}
         launch = ((env_programs * n_chunks, 1), {**constexprs, **extra}, plan.warps)
-        return _Launch(kernel, p.device, [launch], (3, env_programs, n_chunks, acc, plan.epochs, plan.bn), cached)
+        scratch = _Lookback(env_programs, n_chunks, acc, plan.epochs, plan.bn)
+        return _Launch(kernel, p.device, [launch], scratch, cached)
     cpb = plan.chunks_per_block
     nk = plans.cdiv(n_chunks, cpb)
     launches = [
-        ((env_programs, nk), {**constexprs, "PHASE": phase, "ONE": cpb == 1, "NKP": plans.pow2(nk)}, plan.warps)
-        for phase in (1, 2)
+        ((env_programs, nk), {**constexprs, "PHASE": int(phase), "ONE": cpb == 1, "NKP": plans.pow2(nk)}, plan.warps)
+        for phase in (Phase.AGGREGATES, Phase.RESCAN)
     ]
-    return _Launch(kernel, p.device, launches, (1, n, nk, cpb, acc), cached)
+    return _Launch(kernel, p.device, launches, _TwoPass(n, nk, cpb, acc), cached)
 
 
 def _start(p, kind: str, kernel, key: tuple, constexprs: dict, args: tuple, plan: Plan | None) -> None:
@@ -235,27 +261,25 @@ def _start(p, kind: str, kernel, key: tuple, constexprs: dict, args: tuple, plan
 def _scratch(launch: _Launch, args: tuple) -> tuple:
     """Per launch, the scratch arguments appended to ``args`` (multi-block aggregates and flags)."""
     split = launch.scratch
-    if split[0] == 0:
+    if isinstance(split, _Single):
         dummy = args[0]
-        return ((dummy, dummy, dummy, 1, split[1]),)
+        return ((dummy, dummy, dummy, *split),)
     device = args[0].device
-    if split[0] == 3:
-        # [2, N, NK] block and window aggregates and a flag buffer (core.lookback); time-major blocks of w envs
-        # keep tagged words in the flag buffer instead (core.lookback_envs)
-        _, n, nk, acc, epochs, w = split
-        size = core.flag_buffer_size(n, nk, epochs) if w == 1 else core.tm_flag_buffer_size(n, nk, w)
-        flags = _lookback_flags(launch, device, size) if epochs else _zero_flags(device, size)
+    if isinstance(split, _Lookback):
+        # [2, N, NK] block and window aggregates and a flag buffer; time-major blocks keep tagged words there
+        n, nk, w = split.rows, split.nk, split.bn
+        size = core.flag_buffer_size(n, nk, split.epochs) if w == 1 else core.tm_flag_buffer_size(n, nk, w)
+        flags = _lookback_flags(launch, device, size) if split.epochs else _zero_flags(device, size)
         if w > 1:
             return ((flags, flags, flags, nk, 1),)
-        agg_a = torch.empty((2, n, nk), dtype=acc, device=device)
+        agg_a = torch.empty((2, n, nk), dtype=split.acc, device=device)
         return ((agg_a, torch.empty_like(agg_a), flags, nk, 1),)
-    _, n, nk, cpb, acc = split
-    agg_a = torch.empty((n, nk), dtype=acc, device=device)
-    extra = (agg_a, torch.empty_like(agg_a), agg_a, nk, cpb)
+    agg_a = torch.empty((split.n, split.nk), dtype=split.acc, device=device)
+    extra = (agg_a, torch.empty_like(agg_a), agg_a, split.nk, split.cpb)
     return (extra, extra)
 
 
-# The look-back's flag buffers. With epochs (PHASE 5) each row's flags are tagged with an epoch that the kernel
+# The look-back's flag buffers. With epochs (LOOKBACK_EPOCHS) each row's flags are tagged with an epoch that the kernel
 # reads and advances, so flags left by earlier calls read as unpublished and a buffer is zeroed once, when
 # allocated, not per call. Epochs are per row, so a buffer serves one layout: each cached launch keeps its own,
 # one per stream (calls on two streams may overlap). A call captured in a CUDA graph takes its own slice of a
@@ -501,7 +525,7 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, rev
         tile = plans.tile(n, t_len)
         constexprs = dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=tile.bn, BT=tile.bt)
         launch = _Launch(
-            core.linear_scan_kernel, b.device, [((plans.cdiv(n, tile.bn), 1), constexprs, tile.warps)], (), True
+            core.linear_scan_kernel, b.device, [((plans.cdiv(n, tile.bn), 1), constexprs, tile.warps)], None, True
         )
         if len(_SCAN_LAUNCHES) >= 512:
             _SCAN_LAUNCHES.clear()

@@ -14,18 +14,24 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
 
 class Form(enum.IntEnum):
-    """Tile form of a chunk (``kernels/core.py``); the value is the kernels' GROUPED constexpr."""
+    """Tile form of a chunk (``kernels/core.py``); the value is the kernels' FORM constexpr."""
 
     PLAIN = 0  # [BN, BT], time ascending; one associative scan along it
-    GROUPS4 = 4  # [G, BN, 4]: groups of 4 steps in registers, a forward scan across groups
-    GROUPS8 = 8  # [G, BN, 8]: the same with 8-step groups (16-byte loads of 2-byte floats)
-    ENV_GROUPS = -4  # [BN, G, 4]: a thread holds a whole short row (chunks of <= 8 steps)
-    DESCENDING = -1  # [BN, BT], time descending: a reverse recurrence as a forward scan
+    GROUPS4 = 1  # [G, BN, 4]: groups of 4 steps in registers, a forward scan across groups
+    GROUPS8 = 2  # [G, BN, 8]: the same with 8-step groups (16-byte loads of 2-byte floats)
+    ENV_GROUPS = 3  # [BN, G, 4]: a thread holds a whole short row (chunks of <= 8 steps)
+    DESCENDING = 4  # [BN, BT], time descending: a reverse recurrence as a forward scan
+
+    @property
+    def group(self) -> int:
+        """Steps per group (1 for the plain forms)."""
+        return {Form.GROUPS4: 4, Form.GROUPS8: 8, Form.ENV_GROUPS: 4}.get(self, 1)
 
 
 class Split(enum.Enum):
@@ -34,6 +40,16 @@ class Split(enum.Enum):
     SINGLE = "single"  # one program walks the whole row
     TWO_PASS = "two_pass"  # blocks store aggregates, then rescan from the folded prefix (inputs read twice)
     LOOKBACK = "lookback"  # one chunk per block, prefixes from a deterministic look-back (inputs read once)
+
+
+class Phase(enum.IntEnum):
+    """What one launch of a split does (``kernels/core.py``); the value is the kernels' PHASE constexpr."""
+
+    SINGLE = 0  # Split.SINGLE: a program walks its whole row
+    AGGREGATES = 1  # Split.TWO_PASS, first launch: each time block stores its aggregate, no outputs
+    RESCAN = 2  # Split.TWO_PASS, second launch: each block folds the aggregates before it and rescans
+    LOOKBACK = 3  # Split.LOOKBACK with flags zeroed per call
+    LOOKBACK_EPOCHS = 4  # Split.LOOKBACK with epoch-tagged flags kept from call to call
 
 
 @dataclass(frozen=True)
@@ -68,21 +84,39 @@ KIND_OF = {
 
 MAX_BT = 1024  # longest walked chunk
 BLOCK = 1024  # elements per program of packed short rows
-MAX_BLOCKS = 1024  # two-pass blocks per row (PHASE 2 folds their aggregates in registers)
+MAX_BLOCKS = 1024  # two-pass blocks per row (the rescan folds their aggregates in registers)
 TARGET_PROGRAMS = 1024  # split rows into time blocks when the env blocks give fewer than half this
 MIN_CHUNKS_FOR_SPLIT = 4
 EPOCH_MAX_BLOCKS = 4096  # look-back launches up to this many blocks keep epoch-tagged flags
 ENV_GROUPS_MAX_BT = 8
 
-# Rows of one chunk longer than MAX_BT: (longest such row in MAX_BTs, elements per thread, most warps).
+
+class _OneChunk(NamedTuple):
+    """Rows of one chunk longer than MAX_BT."""
+
+    factor: int  # longest such row, in MAX_BTs
+    per_thread: int  # elements per thread
+    max_warps: int
+
+
+class _SplitPolicy(NamedTuple):
+    """A kind's time-block split."""
+
+    factor: int  # block length in walked chunks
+    lookback: bool  # the look-back (else two passes)
+    window: int
+    warps: int | None  # None: the warps of the block's length
+    maxnreg: int | None  # register cap (float32)
+
+
 _ONE_CHUNK = {
-    "gae": (2, 16, 8),
-    "vtrace": (4, 8, 16),
-    "returns": (4, 16, 8),
-    "returns_nv": (4, 8, 8),
-    "forward": (4, 16, 8),
+    "gae": _OneChunk(2, 16, 8),
+    "vtrace": _OneChunk(4, 8, 16),
+    "returns": _OneChunk(4, 16, 8),
+    "returns_nv": _OneChunk(4, 8, 8),
+    "forward": _OneChunk(4, 16, 8),
 }
-_ONE_CHUNK_16BIT = {"gae": (4, 16, 8)}
+_ONE_CHUNK_16BIT = {"gae": _OneChunk(4, 16, 8)}
 # Kinds whose one-chunk rows of 1024-4096 steps take exact_t (V-trace rounds differently and runs slower).
 _EXACT_ONE_CHUNK = ("gae", "returns", "returns_nv")
 # Rows of exactly 8 steps: a whole row per thread (4 warps) for these kinds and for 2-byte floats.
@@ -93,22 +127,22 @@ _WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
 _SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}}
 _RETRACE_SINGLE_CAP = 64
 
-# Time-block splits per kind: (block length in walked chunks, look-back, window, warps, register cap).
+# Time-block splits per kind.
 _SPLIT = {
-    "gae": (2, True, 64, None, 72),
-    "vtrace": (1, True, 256, None, 80),
-    "returns": (2, True, 128, None, 64),
-    "returns_nv": (2, True, 64, 4, 80),
-    "forward": (2, True, 256, None, 72),
-    "retrace": (1, True, 256, None, 128),
+    "gae": _SplitPolicy(2, True, 64, None, 72),
+    "vtrace": _SplitPolicy(1, True, 256, None, 80),
+    "returns": _SplitPolicy(2, True, 128, None, 64),
+    "returns_nv": _SplitPolicy(2, True, 64, 4, 80),
+    "forward": _SplitPolicy(2, True, 256, None, 72),
+    "retrace": _SplitPolicy(1, True, 256, None, 128),
 }
 # Launches of fewer blocks than _SMALL[kind] are latency-bound and take _SPLIT_SMALL[kind] instead.
 _SMALL = {"gae": 2048, "returns": 2048, "returns_nv": 2048, "forward": 4096}
 _SPLIT_SMALL = {
-    "gae": (4, True, 512, None, None),
-    "returns": (2, True, 128, None, None),
-    "returns_nv": (2, True, 256, 4, None),
-    "forward": (1, False, 256, None, None),
+    "gae": _SplitPolicy(4, True, 512, None, None),
+    "returns": _SplitPolicy(2, True, 128, None, None),
+    "returns_nv": _SplitPolicy(2, True, 256, 4, None),
+    "forward": _SplitPolicy(1, False, 256, None, None),
 }
 
 # Retrace: [N, T, A] tiles keep their size as A grows (programs of BLOCK * scale / AP steps).
@@ -155,11 +189,11 @@ def tile(n: int, t: int, block: int = BLOCK) -> Plan:
 
 def _chunk_warps(kind: str, bt: int, dtype: torch.dtype | None) -> int:
     """Warps of a one-env program of ``bt`` steps: the kind's elements per thread, 4 to its cap."""
-    _, per_thread, max_warps = _one_chunk(kind, dtype)
-    return min(max_warps, max(4, bt // (32 * per_thread)))
+    one = _one_chunk(kind, dtype)
+    return min(one.max_warps, max(4, bt // (32 * one.per_thread)))
 
 
-def _one_chunk(kind: str, dtype: torch.dtype | None) -> tuple:
+def _one_chunk(kind: str, dtype: torch.dtype | None) -> _OneChunk:
     if dtype is not None and dtype.itemsize == 2 and kind in _ONE_CHUNK_16BIT:
         return _ONE_CHUNK_16BIT[kind]
     return _ONE_CHUNK[kind]
@@ -190,7 +224,7 @@ def _split(n: int, t: int, base: Plan, kind: str, dtype: torch.dtype | None, blo
     if nk == 1:
         return base
     policy = _SPLIT[kind]
-    if n * cdiv(t, base.bt * policy[0]) < _SMALL.get(kind, 0):
+    if n * cdiv(t, base.bt * policy.factor) < _SMALL.get(kind, 0):
         policy = _SPLIT_SMALL[kind]
     factor, lookback, window, warps, maxnreg = policy
     if block_warps and (factor > 1 or base.bn == 1):
@@ -248,7 +282,7 @@ def _env_div(n: int, kind: str, lookback: bool) -> int:
 
 def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
     """Env-major rows of GAE, V-trace, the returns and the forward scans."""
-    factor = _one_chunk(kind, dtype)[0]
+    factor = _one_chunk(kind, dtype).factor
     bt = max(4, pow2(max(t, 1)))
     if MAX_BT < bt <= factor * MAX_BT:
         base = Plan(1, bt, _chunk_warps(kind, bt, dtype))
