@@ -102,6 +102,27 @@ def in_unit(*values: float | None) -> bool:
     return True
 
 
+def discount_rows(g: torch.Tensor, shape: Sequence[int], dim: int | None) -> torch.Tensor | None:
+    """A tensor ``gamma``/``lmbda`` as TorchRL applies it to per-step tensors of shape ``shape``
+    (broadcast against them, so entry ``[..., t, ...]`` is the discount of step t): expanded to ``shape``
+    (a view) and, with a time ``dim``, brought to the ``(N, T)`` rows of :func:`to_rows`. None (the caller
+    keeps TorchRL's path) when it requires grad (TorchRL differentiates it, rl_triton does not), does not
+    broadcast to ``shape``, or is a CPU tensor with values outside [0, 1] (checked on the CPU only: a GPU
+    check would need a host sync)."""
+    shape = torch.Size(shape)
+    if g.requires_grad or not g.is_floating_point():
+        return None
+    try:
+        if torch.broadcast_shapes(g.shape, shape) != shape:
+            return None
+    except RuntimeError:
+        return None
+    if g.device.type == "cpu" and g.numel() and not bool(((g >= 0) & (g <= 1)).all()):
+        return None
+    full = g.expand(shape)
+    return full if dim is None else to_rows(full, dim)
+
+
 def non_negative(*values: float | None) -> bool:
     return all(v is not None and v >= 0.0 for v in values)
 

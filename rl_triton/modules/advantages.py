@@ -36,6 +36,7 @@ from ._common import (
     as_float,
     common_float_dtype,
     copy_signature,
+    discount_rows,
     expose_inherited_keys,
     from_rows,
     in_unit,
@@ -213,6 +214,28 @@ class _RLTritonEstimator(CachedScalars):
         if steps is not None:
             gamma = gamma ** steps.view_as(reward)
         return gamma
+
+    def _discounts(self, names, like, time_dim, steps=None, steps_reward=None) -> tuple | None:
+        """The discount buffers ``names`` (``"gamma"``, ``"lmbda"``) as rl_triton takes them for per-step
+        tensors shaped like ``like`` with time at ``time_dim``: a float for a scalar buffer in [0, 1]; for a
+        tensor buffer, or gamma with a ``steps_to_next_obs`` entry ``steps`` (``gamma ** steps``, as TorchRL
+        forms it after ``steps_reward``), its per-step ``(N, T)`` rows (:func:`discount_rows`; ``time_dim``
+        None: expanded to ``like``'s shape). None when one of them cannot go (TorchRL's path then)."""
+        out = []
+        for name in names:
+            if name == "gamma" and steps is not None:
+                value = discount_rows(self._torchrl_gamma(steps_reward, steps), like.shape, time_dim)
+            else:
+                value = self._scalar(name)
+                if value is None:
+                    buf = self._buffers.get(name)
+                    value = None if buf is None else discount_rows(_buffer_on(buf, like.device), like.shape, time_dim)
+                elif not 0.0 <= value <= 1.0:
+                    value = None
+            if value is None:
+                return None
+            out.append(value)
+        return tuple(out)
 
     def _standardize_rewards(self, tensordict, reward, eps):
         groups = self._group_ids(tensordict)
@@ -453,8 +476,9 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         terminated = tensordict.get(("next", self.tensor_keys.terminated), default=done)
         if terminated is None:
             raise missing_entry(self, ("next", self.tensor_keys.done), _ROLES["done"], "done")
-        gamma = self._scalar("gamma")
-        if steps is not None or not in_unit(gamma) or not same_shapes(next_value, reward, terminated):
+        shapes_ok = same_shapes(next_value, reward, terminated)
+        got = self._discounts(("gamma",), reward, None, steps, reward) if shapes_ok else None
+        if got is None:
             return _trl_fn.td0_return_estimate(
                 gamma=self._torchrl_gamma(reward, steps),
                 next_state_value=next_value,
@@ -462,7 +486,7 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
                 done=done,
                 terminated=terminated,
             )
-        return self._td0_rows(reward, next_value, terminated, gamma)
+        return self._td0_rows(reward, next_value, terminated, got[0])
 
     def _td0_rows(self, reward, next_value, terminated, gamma, value=None):
         """The TD(0) target of same-shape ``reward``, ``next_value`` and ``terminated``; with
@@ -475,6 +499,8 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         width = math.gcd(numel, _TD0_ROW) if numel else 1
         rows = (numel // width, width)
         every_step = self._all_steps(torch.Size(rows), reward.device)
+        if type(gamma) is not float:  # a per-step gamma, expanded to the data's shape (_discounts)
+            gamma = gamma.reshape(rows)
         if value is not None and value.dtype == reward.dtype == next_value.dtype and value.shape == reward.shape:
             # the tensors as they are (rows=, no view op), the advantage from the same launch
             return F.returns_with_advantages(
@@ -559,8 +585,9 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
         steps, next_value, time_dim, reward, done, terminated = self._td_inputs(
             tensordict, target_params, next_value, time_dim, kwargs, eps=1e-5
         )
-        gamma = self._scalar("gamma")
-        if steps is not None or not in_unit(gamma) or not same_shapes(next_value, reward, done, terminated):
+        shapes_ok = same_shapes(next_value, reward, done, terminated)
+        got = self._discounts(("gamma",), reward, time_dim, steps, reward) if shapes_ok else None
+        if got is None:
             return _trl_fn.vec_td1_return_estimate(
                 self._torchrl_gamma(reward, steps),
                 next_value,
@@ -569,6 +596,7 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
                 terminated=terminated,
                 time_dim=time_dim,
             )
+        (gamma,) = got
         return _on_rows(
             lambda r, nv, term, dn: F.compute_discounted_returns(r, term, dn, gamma=gamma, bootstrap_values=nv),
             [reward, next_value],
@@ -637,8 +665,9 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
         steps, next_value, time_dim, reward, done, terminated = self._td_inputs(
             tensordict, target_params, next_value, time_dim, kwargs, eps=1e-4
         )
-        gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
-        if steps is not None or not in_unit(gamma, lmbda) or not same_shapes(next_value, reward, done, terminated):
+        shapes_ok = same_shapes(next_value, reward, done, terminated)
+        got = self._discounts(("gamma", "lmbda"), reward, time_dim, steps, reward) if shapes_ok else None
+        if got is None:
             fn = _trl_fn.vec_td_lambda_return_estimate if self.vectorized else _trl_fn.td_lambda_return_estimate
             return fn(
                 self._torchrl_gamma(reward, steps),
@@ -649,6 +678,7 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
                 terminated=terminated,
                 time_dim=time_dim,
             )
+        gamma, lmbda = got
         return _on_rows(
             lambda r, nv, term, dn: F.compute_lambda_returns(
                 r, nv, term, dn, gamma=gamma, lambda_=lmbda, bootstrap_values=nv
@@ -696,9 +726,9 @@ class GAE(_RLTritonEstimator, _trl.GAE):
     def _gae(self, steps_reward, steps, value, next_value, reward, done, terminated, time_dim, vectorized=None):
         """(advantage, value_target). ``steps_reward`` is the un-broadcast reward that TorchRL shapes
         a per-step discount after."""
-        gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
         shapes_ok = same_shapes(value, next_value, reward, done, terminated)
-        if steps is not None or not in_unit(gamma, lmbda) or not shapes_ok:
+        got = self._discounts(("gamma", "lmbda"), value, time_dim, steps, steps_reward) if shapes_ok else None
+        if got is None:
             vectorized = self.vectorized if vectorized is None else vectorized
             fn = _trl_fn.vec_generalized_advantage_estimate if vectorized else _trl_fn.generalized_advantage_estimate
             return fn(
@@ -711,6 +741,7 @@ class GAE(_RLTritonEstimator, _trl.GAE):
                 terminated=terminated,
                 time_dim=time_dim,
             )
+        gamma, lmbda = got
         return _on_rows(
             lambda r, v, nv, term, dn: F.gae_with_next_values(
                 r, v, nv, term, dn, gamma=gamma, lambda_=lmbda, targets=True
@@ -974,13 +1005,11 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
         data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
         reward, done, terminated = self._signals(data_for_value)
 
-        gamma, rho, c = self._scalar("gamma"), self._scalar("rho_thresh"), self._scalar("c_thresh")
-        if (
-            steps is not None
-            or not in_unit(gamma)
-            or not non_negative(rho, c)
-            or not same_shapes(value, next_value, reward, done, terminated, log_pi, log_mu)
-        ):
+        rho, c = self._scalar("rho_thresh"), self._scalar("c_thresh")
+        got = None
+        if non_negative(rho, c) and same_shapes(value, next_value, reward, done, terminated, log_pi, log_mu):
+            got = self._discounts(("gamma",), value, time_dim, steps, steps_reward)
+        if got is None:
             adv, value_target = _trl_fn.vtrace_advantage_estimate(
                 self._torchrl_gamma(steps_reward, steps),
                 log_pi,
@@ -995,6 +1024,7 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
                 time_dim=time_dim,
             )
         else:
+            (gamma,) = got
             value_target, adv = _on_rows(
                 lambda lpi, lmu, v, nv, r, term, dn: _vtrace_rows(lpi, lmu, v, nv, r, term, dn, gamma, rho, c),
                 [log_pi, log_mu, value, next_value, reward],
