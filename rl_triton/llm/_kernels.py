@@ -242,7 +242,7 @@ def _whiten_kernel(
     count = tl.load(p_c).to(ACC)
     mean = tl.load(p_mu).to(ACC)
     var = tl.load(p_m2).to(ACC) / (count - 1.0)
-    rstd = 1.0 / tl.sqrt_rn(var + 1e-8)
+    rstd = 1.0 / tl.sqrt(var + 1e-8)
     x = tl.load(p_x + offs, mask=inb, other=0).to(ACC)
     y = (x - mean) * rstd
     if not SHIFT:
@@ -310,7 +310,7 @@ def _group_kernel(
             rows = tl.load(p_perm + pid + i, mask=i < n, other=0)
             d = tl.where(i < n, tl.load(p_s + rows, mask=i < n, other=0) - mean, 0.0)
             acc_m += d * d
-    std = tl.sqrt_rn(tl.sum(acc_m, axis=0) / tl.maximum(nf - 1.0, 1.0))
+    std = tl.sqrt(tl.sum(acc_m, axis=0) / tl.maximum(nf - 1.0, 1.0))
     for c0 in range(0, n, BG):
         i = c0 + tl.arange(0, BG)
         rows = tl.load(p_perm + pid + i, mask=i < n, other=0)

@@ -50,6 +50,12 @@ def _shift_back(x: torch.Tensor, s: int, fill: float) -> torch.Tensor:
     return torch.cat([x[:, s:], x.new_full((x.shape[0], s), fill)], dim=1)
 
 
+def _flush(x: torch.Tensor) -> torch.Tensor:
+    # Products of discounts over long spans underflow; subnormal operands make CPU arithmetic many times slower,
+    # and a coefficient below the smallest normal number changes no result at this precision.
+    return torch.where(x.abs() < torch.finfo(x.dtype).tiny, 0.0, x)
+
+
 def gae_scan(r, v, m, gamma, lam) -> torch.Tensor:
     """L of the masked GAE recursion (docs/llm.md), in the accumulation dtype.
 
@@ -72,6 +78,7 @@ def gae_scan(r, v, m, gamma, lam) -> torch.Tensor:
         # the maps covering [t+s, t+2s) run first (they are later in time), then [t, t+s)
         pf, qf, rf, b1f, b2f = (_shift_back(x, s, f) for x, f in ((p, 1.0), (q, 0.0), (rr, 1.0), (b1, 0.0), (b2, 0.0)))
         p, q, rr, b1, b2 = (p * pf, p * qf + q * rf, rr * rf, p * b1f + q * b2f + b1, rr * b2f + b2)
+        p, q = _flush(p), _flush(q)
         s *= 2
     return b1
 
@@ -83,7 +90,7 @@ def linear_scan_reverse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     while s < t_len:
         af, bf = _shift_back(a, s, 1.0), _shift_back(b, s, 0.0)
         b = torch.where(a == 0, b, a * bf + b)
-        a = a * af
+        a = _flush(a * af)
         s *= 2
     return b
 

@@ -52,34 +52,41 @@ def _per_row(h, b):
 
 def gae(r, v, mask, gamma, lam):
     """(advantages, returns, L): the masked GAE recursion, one token at a time."""
-    r, v, m = _f64(r), _f64(v), _valid(mask)
-    b, t_len = r.shape
+    r64, v64 = _f64(r), _f64(v)
+    rl, vl, ml = r64.tolist(), v64.tolist(), _valid(mask).tolist()
+    b, t_len = r64.shape
     g, l = _per_row(gamma, b), _per_row(lam, b)
-    L = torch.zeros(b, t_len, dtype=torch.float64)
+    rows = []
     for i in range(b):
         nv, run = 0.0, 0.0
+        row = [0.0] * t_len
         for t in reversed(range(t_len)):
-            if m[i, t]:
-                delta = r[i, t].item() + g[i] * nv - v[i, t].item()
+            if ml[i][t]:
+                delta = rl[i][t] + g[i] * nv - vl[i][t]
                 run = delta + g[i] * l[i] * run
-                nv = v[i, t].item()
-            L[i, t] = run
-    return masked_whiten(L, m), L + v, L
+                nv = vl[i][t]
+            row[t] = run
+        rows.append(row)
+    L = torch.tensor(rows, dtype=torch.float64).reshape(b, t_len)
+    return masked_whiten(L, mask), L + v64, L
 
 
 def reinforce_pp(r, mask, gamma):
-    r, m = _f64(r), _valid(mask)
-    b, t_len = r.shape
+    r64 = _f64(r)
+    rl, ml = r64.tolist(), _valid(mask).tolist()
+    b, t_len = r64.shape
     g = _per_row(gamma, b)
-    G = torch.zeros(b, t_len, dtype=torch.float64)
+    rows = []
     for i in range(b):
         run = 0.0
+        row = [0.0] * t_len
         for t in reversed(range(t_len)):
-            nxt = run if (t + 1 < t_len and m[i, t + 1]) else 0.0
-            run = r[i, t].item() + g[i] * nxt
-            G[i, t] = run
-    adv = masked_whiten(G, m) * m
-    return adv, G
+            nxt = run if (t + 1 < t_len and ml[i][t + 1]) else 0.0
+            run = rl[i][t] + g[i] * nxt
+            row[t] = run
+        rows.append(row)
+    G = torch.tensor(rows, dtype=torch.float64).reshape(b, t_len)
+    return masked_whiten(G, mask) * _valid(mask), G
 
 
 def outcome(kind, r, mask, index, epsilon=1e-6):

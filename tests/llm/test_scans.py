@@ -1,0 +1,205 @@
+"""Masked GAE and REINFORCE++ against their float64 loops, on every path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rl_triton import llm
+from tests._helpers import assert_close
+from tests.llm import reference
+from tests.llm.conftest import token_batch
+
+F32 = (torch.float32, 2e-5, 1e-4)
+TOL = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (2e-5, 1e-4),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+MASKS = [torch.bool, torch.int64, torch.float32]
+# (B, T, dtype, gamma/lam kind): a one-token row, odd lengths, several rows a program; every dtype and every
+# kind of hyper-parameter once (interpreted kernels are slow, so not their full product).
+CASES = [
+    pytest.param(3, 1, torch.float32, "per-seq", id="B3-T1"),
+    pytest.param(4, 37, torch.float32, "per-seq", id="B4-T37"),
+    pytest.param(9, 16, torch.float32, "float", id="B9-T16-float"),
+    pytest.param(2, 130, torch.float32, "0d", id="B2-T130-0d"),
+    pytest.param(3, 257, torch.float32, "per-seq", id="B3-T257"),
+    pytest.param(4, 37, torch.float64, "float", id="B4-T37-f64"),
+    pytest.param(4, 37, torch.bfloat16, "per-seq", id="B4-T37-bf16"),
+]
+# Rows split in time (blocks of 64 under small_blocks): one to five blocks a row.
+SPLIT_CASES = [
+    pytest.param(2, 130, torch.float32, "per-seq", id="B2-T130"),
+    pytest.param(3, 257, torch.float64, "float", id="B3-T257-f64"),
+    pytest.param(2, 64, torch.float32, "0d", id="B2-T64"),
+]
+
+
+def _unchanged(*tensors):
+    return [t.clone() for t in tensors]
+
+
+def _check_same(before, after):
+    for b, a in zip(before, after, strict=True):
+        assert torch.equal(b, a), "an input was modified"
+
+
+def _hyper(kind: str, b: int, device, value: float):
+    if kind == "float":
+        return value
+    if kind == "0d":
+        return torch.tensor(value, device=device)
+    return torch.rand(b, dtype=torch.float64).to(device)
+
+
+def _gae_case(path, b, t, dtype, hyper):
+    atol, rtol = TOL[dtype]
+    r, v, m = token_batch(b, t, path.device, dtype, MASKS[t % 3])
+    gamma, lam = _hyper(hyper, b, path.device, 0.97), _hyper(hyper, b, path.device, 0.9)
+    before = _unchanged(r, v, m)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, gamma, lam)
+    _check_same(before, [r, v, m])
+    e_adv, e_ret, _ = reference.gae(r, v, m, gamma, lam)
+    assert_close(ret, e_ret, atol=atol, rtol=rtol, dtype=dtype, device=path.device)
+    assert_close(adv, e_adv, atol=atol, rtol=rtol, dtype=dtype, device=path.device)
+
+
+def _rpp_case(path, b, t, dtype, hyper):
+    atol, rtol = TOL[dtype]
+    r, _, m = token_batch(b, t, path.device, dtype, MASKS[t % 3])
+    gamma = _hyper(hyper, b, path.device, 0.95)
+    before = _unchanged(r, m)
+    adv, ret = llm.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=gamma)
+    _check_same(before, [r, m])
+    e_adv, e_ret = reference.reinforce_pp(r, m, gamma)
+    assert_close(ret, e_ret, atol=atol, rtol=rtol, dtype=dtype, device=path.device)
+    assert_close(adv, e_adv, atol=atol, rtol=rtol, dtype=dtype, device=path.device)
+
+
+@pytest.mark.parametrize("b, t, dtype, hyper", CASES)
+def test_gae(path, b, t, dtype, hyper):
+    _gae_case(path, b, t, dtype, hyper)
+
+
+@pytest.mark.parametrize("b, t, dtype, hyper", SPLIT_CASES)
+def test_gae_split_rows(path, small_blocks, b, t, dtype, hyper):
+    _gae_case(path, b, t, dtype, hyper)
+
+
+@pytest.mark.parametrize("b, t, dtype, hyper", CASES)
+def test_reinforce_pp(path, b, t, dtype, hyper):
+    _rpp_case(path, b, t, dtype, hyper)
+
+
+@pytest.mark.parametrize("b, t, dtype, hyper", SPLIT_CASES)
+def test_reinforce_pp_split_rows(path, small_blocks, b, t, dtype, hyper):
+    _rpp_case(path, b, t, dtype, hyper)
+
+
+def test_reinforce_pp_gamma_from_config(path):
+    r, _, m = token_batch(3, 20, path.device)
+
+    class Config:
+        gamma = 0.9
+
+    expected = reference.reinforce_pp(r, m, 0.9)
+    for out in (
+        llm.compute_reinforce_plus_plus_outcome_advantage(r, m, config=Config(), index=np.arange(3)),
+        llm.compute_reinforce_plus_plus_outcome_advantage(r, m, {"gamma": 0.9}),
+        llm.compute_reinforce_plus_plus_outcome_advantage(r, m, 0.9),
+    ):
+        for o, e in zip(out, expected, strict=True):
+            assert_close(o, e, atol=2e-5, rtol=1e-4)
+
+
+def test_gae_rows_fully_masked_and_one_token(path):
+    r, v, m = token_batch(6, 40, path.device)
+    m[1] = False  # a fully masked row: returns carry nothing, L = 0 there
+    m[2] = False
+    m[2, 5] = True  # a response of one token, in the middle of its row
+    m[3] = False
+    m[3, 0] = True  # one token at t = 0
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95)
+    e_adv, e_ret, L = reference.gae(r, v, m, 0.99, 0.95)
+    assert torch.all(L[1] == 0)
+    assert_close(ret, e_ret, atol=2e-5, rtol=1e-4)
+    assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
+
+
+def test_gae_golden(path):
+    # one response r = [0, 1 (tool), 2, pad]: the masked token carries V and L across
+    r = torch.tensor([[0.0, 1.0, 2.0, 5.0]], device=path.device)
+    v = torch.tensor([[0.5, 9.0, 1.0, 7.0]], device=path.device)
+    m = torch.tensor([[1, 0, 1, 0]], device=path.device)
+    _, ret = llm.compute_gae_advantage_return(r, v, m, 0.5, 0.5)
+    # t=2: δ = 2 - 1 = 1, L = 1; t=1 carries L = 1, nv = 1; t=0: δ = 0 + 0.5·1 - 0.5 = 0, L = 0 + 0.25·1
+    expected = torch.tensor([[0.25 + 0.5, 1.0 + 9.0, 1.0 + 1.0, 0.0 + 7.0]])
+    assert torch.allclose(ret.cpu(), expected)
+
+
+def test_padding_nan_contained(path):
+    r, v, m = token_batch(4, 90, path.device)
+    r2, v2 = r.clone(), v.clone()
+    r2[~m], v2[~m] = float("nan"), float("inf")
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8)
+    adv2, ret2 = llm.compute_gae_advantage_return(r2, v2, m, 0.9, 0.8)
+    assert torch.equal(adv, adv2)
+    assert torch.equal(ret[m], ret2[m])
+    a, g = llm.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.9)
+    a2, g2 = llm.compute_reinforce_plus_plus_outcome_advantage(r2, m, gamma=0.9)
+    assert torch.equal(a, a2) and torch.equal(g[m], g2[m])
+
+
+@pytest.mark.parametrize("path", ["torch"], indirect=True)
+def test_long_row_torch(path):
+    r, v, m = token_batch(2, 40_000, path.device, interior=0.2)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.999, 0.99)
+    e_adv, e_ret, _ = reference.gae(r, v, m, 0.999, 0.99)
+    assert_close(ret, e_ret, atol=2e-5, rtol=1e-4)
+    assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
+    a, g = llm.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.999)
+    e_a, e_g = reference.reinforce_pp(r, m, 0.999)
+    assert_close(g, e_g, atol=2e-5, rtol=1e-4)
+    assert_close(a, e_a, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.cuda
+def test_long_row_kernel():
+    # 40k tokens in 20 blocks of 2048 (the default block): the two-pass split at its real block length
+    r, v, m = token_batch(2, 40_000, "cuda", interior=0.2)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.999, 0.99)
+    with torch.no_grad():
+        from rl_triton import use_backend
+
+        with use_backend("torch"):
+            e_adv, e_ret = llm.compute_gae_advantage_return(r.double(), v.double(), m, 0.999, 0.99)
+    assert_close(ret, e_ret, atol=2e-5, rtol=1e-4)
+    assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
+
+
+def test_deterministic(kernel_path, small_blocks):
+    r, v, m = token_batch(2, 130, kernel_path.device)
+    a1, r1 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8)
+    a2, r2 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8)
+    assert torch.equal(a1, a2) and torch.equal(r1, r2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(64, 32768), (8, 131072), (256, 4096), (4096, 512)], ids=str)
+def test_gae_large_cuda(shape):
+    """The kernels at benchmark shapes against the PyTorch path in float64 on the GPU."""
+    from rl_triton import use_backend
+
+    r, v, m = token_batch(*shape, "cuda", interior=0.2)
+    gamma = torch.rand(shape[0], device="cuda") * 0.1 + 0.9
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, gamma, 0.95)
+    a2, g2 = llm.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=gamma)
+    with use_backend("torch"):
+        e_adv, e_ret = llm.compute_gae_advantage_return(r.double(), v.double(), m, gamma, 0.95)
+        e_a2, e_g2 = llm.compute_reinforce_plus_plus_outcome_advantage(r.double(), m, gamma=gamma)
+    assert_close(ret, e_ret, atol=2e-5, rtol=1e-4)
+    assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
+    assert_close(g2, e_g2, atol=2e-5, rtol=1e-4)
+    assert_close(a2, e_a2, atol=2e-5, rtol=1e-4)
