@@ -241,7 +241,7 @@ def _whiten_kernel(
     inb = offs < n
     count = tl.load(p_c).to(ACC)
     mean = tl.load(p_mu).to(ACC)
-    var = tl.load(p_m2).to(ACC) / (count - 1.0)
+    var = tl.load(p_m2).to(ACC) / tl.maximum(count - 1.0, 1.0)  # count < 2 raises on the host
     rstd = 1.0 / tl.sqrt(var + 1e-8)
     x = tl.load(p_x + offs, mask=inb, other=0).to(ACC)
     y = (x - mean) * rstd
