@@ -21,6 +21,7 @@ from .. import functional as F
 from ._common import (
     axis,
     common_float_dtype,
+    discount_rows,
     expose_inherited_keys,
     in_unit,
     missing_entry,
@@ -85,8 +86,10 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
     for autograd; with ``differentiable=True`` gradients flow to the action values and rewards.
 
     Keyword Args:
-        gamma (float): discount in [0, 1].
-        lmbda (float): trace decay lambda in [0, 1]. Defaults to ``1.0``.
+        gamma (float or Tensor): discount in [0, 1]; a tensor that broadcasts against the reward entry
+            (e.g. ``[*B, T, 1]`` per step or ``[*B, 1, 1]`` per env) gives gamma_t per step.
+        lmbda (float or Tensor): trace decay lambda in [0, 1], a float or a tensor like ``gamma``
+            (``c_t`` uses ``lmbda_t``). Defaults to ``1.0``.
         c_bar (float): trace clipping threshold (>= 0). Defaults to ``1.0``.
         rho_bar (float): advantage clipping threshold (>= 0). Defaults to ``1.0``.
         value_network (TensorDictModule, optional): Q-network writing ``action_value``.
@@ -158,7 +161,7 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
                 buf = value.to(self._device)
             else:  # float64 so that the Python number reaches the kernels unrounded
                 buf = torch.tensor(value, dtype=torch.float64, device=self._device)
-            if buf.numel() != 1:
+            if buf.numel() != 1 and name not in ("gamma", "lmbda"):
                 raise ValueError(f"Retrace: {name} must be a scalar, got a tensor of shape {tuple(buf.shape)}")
             self.register_buffer(name, buf)
         self._prime_scalars(**scalars)
@@ -167,10 +170,20 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
         self.average_adv = average_adv
         self.time_dim = time_dim
 
-    def _check_scalars(self) -> tuple[float, float, float, float]:
+    def _check_scalars(self) -> tuple:
+        """(gamma, lmbda, c_bar, rho_bar): floats, gamma and lmbda possibly tensors (their buffers, range
+        checked on the CPU only: a GPU check would need a host sync)."""
         gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
         c_bar, rho_bar = self._scalar("c_bar"), self._scalar("rho_bar")
-        if not in_unit(gamma, lmbda):
+        tensors = {}
+        for name, value in (("gamma", gamma), ("lmbda", lmbda)):
+            buf = self._buffers[name]
+            if value is None and buf.numel() != 1 and not buf.requires_grad and buf.is_floating_point():
+                if buf.device.type == "cpu" and not bool(((buf >= 0) & (buf <= 1)).all()):
+                    raise ValueError(f"Retrace: {name} must be in [0, 1], got values in [{buf.min()}, {buf.max()}]")
+                tensors[name] = buf
+        gamma, lmbda = tensors.get("gamma", gamma), tensors.get("lmbda", lmbda)
+        if not in_unit(*(v for v in (gamma, lmbda) if not isinstance(v, torch.Tensor))):
             raise ValueError(f"Retrace: gamma and lmbda must be in [0, 1], got gamma={gamma}, lmbda={lmbda}")
         if not non_negative(c_bar, rho_bar):
             raise ValueError(f"Retrace: c_bar and rho_bar must be >= 0, got c_bar={c_bar}, rho_bar={rho_bar}")
@@ -322,6 +335,20 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
         reward = self._entry(tensordict, ("next", k.reward), "reward")
         out_shape = reward.shape
         reward = per_step(("next", k.reward), reward)
+
+        def per_step_discount(name, value):
+            """A tensor gamma/lmbda broadcast against the reward entry (gamma_t of each step), as (N, T) rows."""
+            if not isinstance(value, torch.Tensor):
+                return value
+            full = discount_rows(value.to(reward.device), out_shape, None)
+            if full is None:
+                raise ValueError(
+                    f"Retrace: {name} of shape {tuple(value.shape)} does not broadcast to the reward's shape "
+                    f"{tuple(out_shape)}"
+                )
+            return to_rows(full.reshape(batch), time_dim)
+
+        gamma, lmbda = per_step_discount("gamma", gamma), per_step_discount("lmbda", lmbda)
         done = tensordict.get(("next", k.done), None)
         terminated = tensordict.get(("next", k.terminated), None)
         truncated = tensordict.get(("next", k.truncated), None)

@@ -173,3 +173,42 @@ def test_gradients_through_values(path):
         (g,) = torch.autograd.grad((d["value_target"] * torch.arange(13.0, device=path.device)[:, None]).sum(), v)
         outs.append(g)
     assert_tensor_close(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("forms", [("step", "env"), ("env", "step"), ("time", None)], ids=str)
+def test_retrace(path, forms, rl_triton_calls):
+    """rl_triton's Retrace estimator with tensor gamma/lmbda, against the float64 loop reference."""
+    from rl_triton.modules import Retrace
+    from tests import reference
+    from tests.modules.test_retrace_module import retrace_rollout
+
+    td = retrace_rollout(BATCH, device=path.device)
+    gamma = _discount(forms[0], path.device)
+    lmbda = 1.0 if forms[1] is None else _discount(forms[1], path.device)
+    out = Retrace(gamma=gamma, lmbda=lmbda)(td.clone())
+    assert rl_triton_calls["compute_retrace"] == 1
+    nxt = td["next"]
+    term, done = nxt["terminated"].squeeze(-1), nxt["done"].squeeze(-1)
+    trunc = (done | nxt.get("truncated", torch.zeros_like(nxt["done"])).squeeze(-1)) & ~term
+    act = td["action"]
+    q = td["action_value"].gather(-1, act.unsqueeze(-1)).squeeze(-1)
+    full = (3, 13, 1)
+    qt, adv = reference.compute_retrace(
+        td["target_probs"], td["action_log_prob"].exp(), q, nxt["action_value"], act, nxt["reward"].squeeze(-1),
+        term, trunc, gamma=gamma.expand(full).squeeze(-1),
+        lambda_=lmbda if forms[1] is None else lmbda.expand(full).squeeze(-1),
+    )  # fmt: skip
+    assert_tensor_close(out["value_target"], qt.unsqueeze(-1).to(torch.float32).to(path.device))
+    assert_tensor_close(out["advantage"], adv.unsqueeze(-1).to(torch.float32).to(path.device))
+
+
+def test_retrace_errors(path):
+    from rl_triton.modules import Retrace
+    from tests.modules.test_retrace_module import retrace_rollout
+
+    with pytest.raises(ValueError, match="gamma must be in"):
+        Retrace(gamma=torch.full((3, 13, 1), 1.5))
+    with pytest.raises(ValueError, match="c_bar must be a scalar"):
+        Retrace(gamma=0.9, c_bar=torch.ones(3))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        Retrace(gamma=torch.full((4, 13, 1), 0.9, device=path.device))(retrace_rollout(BATCH, device=path.device))
