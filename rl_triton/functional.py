@@ -14,6 +14,13 @@ docs/semantics.md and are repeated in each docstring. Conventions shared by all 
   fills only ``t = T-1``; zero when neither is given) and is read only at boundary steps.
 * Float inputs share one dtype (float16, bfloat16, float32 or float64); outputs have that dtype;
   accumulation is float32 (float64 for float64 inputs). Inputs are never modified.
+* ``gamma`` and ``lambda_`` of the five backward functions (GAE, V-trace, Retrace, the discounted and the
+  lambda returns) may be Python floats, 0-d tensors (the float they hold, bit for bit), ``(N,)`` per-env or
+  ``(N, T)`` per-step tensors (``(T,)`` for 1-D calls) of any float dtype on the inputs' device. Step t's
+  line of each formula then reads gamma_t (the discount from t to t+1: it multiplies step t's continuation
+  and carried term) and lambda_t. CPU tensors are checked to lie in [0, 1] (GPU ones are not: that would
+  need a host sync); they are never differentiated. Until the kernels read such tensors, these calls run
+  the PyTorch path on every device (CUDA tensors included).
 """
 
 from __future__ import annotations
@@ -129,7 +136,9 @@ def compute_gae(
         values: ``(N, T)`` float, V(s_t).
         terminateds: ``(N, T)`` flags, 1 where the episode truly ended at step t.
         truncateds: optional ``(N, T)`` flags, 1 where a time limit cut the episode at step t.
-        gamma: discount in [0, 1]. lambda_: GAE lambda in [0, 1] (Python float or 0-d tensor).
+        gamma: discount in [0, 1]. lambda_: GAE lambda in [0, 1]. Each a Python float, a 0-d tensor, an
+            ``(N,)`` per-env or an ``(N, T)`` per-step tensor (``(T,)`` for 1-D calls; see the module docstring:
+            gamma_t and lambda_t at step t).
         bootstrap_values: optional ``(N, T)`` float, V(s_{t+1}) at truncated steps and at the last
             step when the window ends mid-episode (read only at those steps).
         last_value: optional ``(N,)`` float, V(s_T) for the last step only; exclusive with
@@ -230,7 +239,8 @@ def gae_with_next_values(
     ``targets=True`` returns ``(A, A + values)``, both from one kernel launch; the sum is rounded to
     the inputs' dtype once, so it equals ``A + values`` bit for bit. ``rows=(N, T)``: the inputs share
     one shape whose ``reshape(rows)`` is their ``(N, T)`` form (``[..., T, 1]`` or time last); the
-    outputs then come in that shape, without view ops on the kernel path (:func:`prepare`).
+    outputs then come in that shape, without view ops on the kernel path (:func:`prepare`). ``gamma`` and
+    ``lambda_`` as in :func:`compute_gae`; a per-step tensor of a ``rows=`` call is ``(N, T)`` (the rows' form).
     """
     fn = "gae_with_next_values"
     tensors = (rewards, values, next_values, terminateds, dones, None)
@@ -297,7 +307,8 @@ def compute_vtrace(
             autograd (no gradient flows to them), as IMPALA stops gradients through rho and c.
         values: ``(N, T)`` float, V(s_t). rewards: ``(N, T)`` float, r_t.
         terminateds, truncateds, bootstrap_values, last_value: as in :func:`compute_gae`.
-        gamma: discount in [0, 1]. rho_bar, c_bar: clipping thresholds (>= 0; default 1).
+        gamma: discount in [0, 1]: a float, 0-d, per-env or per-step tensor (as in :func:`compute_gae`).
+            rho_bar, c_bar: clipping thresholds (>= 0; default 1; floats or 0-d tensors).
 
         plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
             default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
@@ -441,7 +452,8 @@ def compute_retrace(
         actions: ``(N, T)`` int64 in [0, A). On CPU an out-of-range action is a ValueError; on CUDA
             it is not checked (that would need a host sync) and makes that step's outputs NaN.
         rewards: ``(N, T)`` float. terminateds, truncateds: ``(N, T)`` flags (truncateds required).
-        gamma: discount in [0, 1]; lambda_ in [0, 1]; c_bar, rho_bar >= 0.
+        gamma: discount in [0, 1]; lambda_ in [0, 1] (each a float, 0-d, per-env or per-step tensor, as in
+            :func:`compute_gae`; c_t uses lambda_t); c_bar, rho_bar >= 0.
         next_action_probs_target: optional ``(N, T, A)`` float, pi(. | s_{t+1}), replacing the row-t
             distribution in E_t for callers who have it.
 
@@ -543,7 +555,8 @@ def compute_discounted_returns(
 
     Args:
         rewards: ``(N, T)`` float. terminateds, truncateds: ``(N, T)`` flags.
-        gamma: discount in [0, 1]. bootstrap_values: optional ``(N, T)`` float (see compute_gae).
+        gamma: discount in [0, 1] (a float, 0-d, per-env or per-step tensor, as in :func:`compute_gae`).
+            bootstrap_values: optional ``(N, T)`` float (see compute_gae).
 
         plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
             default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the
@@ -643,7 +656,7 @@ def compute_lambda_returns(
             ``values[:, 1:]``, which is one column short).
         terminateds, truncateds: ``(N, T)`` flags. bootstrap_values: optional ``(N, T)`` float, read
             at truncated steps and the last step (zero when not given).
-        gamma, lambda_: in [0, 1].
+        gamma, lambda_: in [0, 1]; each a float, 0-d, per-env or per-step tensor (as in :func:`compute_gae`).
 
         plan: advanced: the launch plan of the kernel path (:class:`rl_triton.kernels.plans.Plan`); by
             default :func:`rl_triton.kernels.plans.choose` picks it from the shape and dtype. Ignored by the

@@ -3,8 +3,9 @@
 This is what CPU tensors run (unless ``TRITON_INTERPRET=1``), and it is also how the kernel path
 computes gradients: the backward pass re-runs these functions under autograd with the scan done
 by the Triton kernels (:mod:`rl_triton.scan`). Each function takes the normalised 2-D tensors of
-one call (``t``: name -> tensor or None, floats in the call's dtype, flags as stored), the scalar
-hyper-parameters (``s``), the accumulation dtype and a differentiable scan, and returns its
+one call (``t``: name -> tensor or None, floats in the call's dtype, flags as stored), the
+hyper-parameters (``s``: floats; ``gamma``/``lambda_`` may be (N, T) per-step views instead, read
+elementwise), the accumulation dtype and a differentiable scan, and returns its
 outputs in the accumulation dtype. The formulas are those of docs/semantics.md; the fused kernels in
 :mod:`rl_triton.kernels.fused` compute the same prologues and epilogues in registers.
 

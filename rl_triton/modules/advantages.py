@@ -8,11 +8,16 @@ from TorchRL. The recursion over time is :mod:`rl_triton.functional` on an ``(N,
 data: the time dim is moved last (only when it is not already) and every other dim flattened into
 N, which is a view for the usual ``[*B, T]`` and ``[*B, T, 1]`` layouts.
 
-Fallbacks: whenever a call holds something the kernels cannot express, that call runs TorchRL's own
-functional instead (same result, TorchRL's speed): a per-step discount (a ``steps_to_next_obs``
-entry, or ``gamma``/``lmbda`` buffers with more than one element or that require grad), ``gamma`` or
-``lmbda`` outside [0, 1], or per-step tensors whose shapes differ (TorchRL then raises its own
-error).
+Per-step discounts: ``gamma``/``lmbda`` buffers with more than one element that broadcast against the
+per-step entries (``[*B, T, 1]`` per step, ``[*B, 1, 1]`` per env, ...), and ``gamma ** steps_to_next_obs``
+(TorchRL's discount with a ``steps_to_next_obs`` entry), go to rl_triton as per-step ``(N, T)`` tensors:
+entry ``[..., t, ...]`` is the discount of step t, as TorchRL reads a tensor discount.
+
+Fallbacks: whenever a call holds something rl_triton cannot express, that call runs TorchRL's own
+functional instead (same result, TorchRL's speed): a ``gamma``/``lmbda`` that requires grad (TorchRL
+differentiates it, rl_triton does not), one that does not broadcast against the entries, one outside
+[0, 1] (tensors: checked on the CPU only), or per-step tensors whose shapes differ (TorchRL then raises
+its own error).
 """
 
 from __future__ import annotations
@@ -429,9 +434,9 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
     short rows (the estimate is elementwise, so no time dim is involved) with every step flagged
     as a boundary (so a non-finite value never leaks into a neighbouring step).
 
-    Falls back to TorchRL's ``td0_return_estimate`` for a per-step discount (``steps_to_next_obs``
-    present, or a non-scalar / grad-requiring ``gamma``), ``gamma`` outside [0, 1] or mismatched
-    shapes.
+    A tensor ``gamma`` (or ``steps_to_next_obs``) is a per-step discount, read elementwise. Falls back to
+    TorchRL's ``td0_return_estimate`` for a grad-requiring or non-broadcasting ``gamma``, ``gamma`` outside
+    [0, 1] or mismatched shapes.
     """
 
     _SCALAR_BUFFERS = ("gamma",)
@@ -544,9 +549,9 @@ class TD1Estimator(_RLTritonEstimator, _trl.TD1Estimator):
     ``truncateds=done`` and ``bootstrap_values=V(s')``: the discounted return restarts at every done
     step, bootstraps from ``V(s')`` at done-but-not-terminated steps and at the last step.
 
-    Falls back to TorchRL's ``vec_td1_return_estimate`` for a per-step discount
-    (``steps_to_next_obs``, non-scalar or grad-requiring ``gamma``), ``gamma`` outside [0, 1] or
-    mismatched shapes.
+    A tensor ``gamma`` (or ``steps_to_next_obs``) is a per-step discount (gamma_t of each step). Falls back to
+    TorchRL's ``vec_td1_return_estimate`` for a grad-requiring or non-broadcasting ``gamma``, ``gamma``
+    outside [0, 1] or mismatched shapes.
     """
 
     _SCALAR_BUFFERS = ("gamma",)
@@ -622,9 +627,11 @@ class TDLambdaEstimator(_RLTritonEstimator, _trl.TDLambdaEstimator):
     ``terminateds=terminated``, ``truncateds=done`` and ``bootstrap_values=V(s')``. The
     ``vectorized`` flag is accepted but has no effect (both TorchRL paths compute the same numbers).
 
-    Falls back to TorchRL's ``vec_td_lambda_return_estimate`` / ``td_lambda_return_estimate`` for
-    a per-step discount (``steps_to_next_obs``, non-scalar or grad-requiring ``gamma``/``lmbda``),
-    ``gamma``/``lmbda`` outside [0, 1] or mismatched shapes.
+    Tensor ``gamma``/``lmbda`` (and ``steps_to_next_obs``) are per-step values (gamma_t, lambda_t of each
+    step), as TorchRL's ``td_lambda_return_estimate`` reads them; TorchRL's vectorized form takes a tensor
+    ``lmbda`` or a per-env ``gamma`` only with ``vectorized=False``, this class with either. Falls back to
+    TorchRL's ``vec_td_lambda_return_estimate`` / ``td_lambda_return_estimate`` for a grad-requiring or
+    non-broadcasting ``gamma``/``lmbda``, values outside [0, 1] or mismatched shapes.
     """
 
     _SCALAR_BUFFERS = ("gamma", "lmbda")
@@ -709,8 +716,9 @@ class GAE(_RLTritonEstimator, _trl.GAE):
     ``A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}``, ``value_target = A + V(s)``. The
     ``vectorized`` flag is accepted but has no effect.
 
-    Falls back to TorchRL's functional for a per-step discount (``steps_to_next_obs``, non-scalar or
-    grad-requiring ``gamma``/``lmbda``), ``gamma``/``lmbda`` outside [0, 1] or mismatched shapes.
+    Tensor ``gamma``/``lmbda`` (and ``steps_to_next_obs``) are per-step values (gamma_t, lambda_t of each
+    step), with TorchRL's numbers. Falls back to TorchRL's functional for a grad-requiring or
+    non-broadcasting ``gamma``/``lmbda``, values outside [0, 1] or mismatched shapes.
     Deviation: with ``auto_reset_env=True`` the truncation bonus ``gamma * V(s) * truncated`` is
     always added (TorchRL first checks ``truncated.any()``, a host sync); the numbers are the same
     unless ``V(s)`` is not finite.
@@ -920,9 +928,9 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
     held out of the graph (no gradient), as in TorchRL. ``in_keys`` additionally lists the action; a
     tensordict without it raises :class:`~rl_triton.modules.MissingEntryError`.
 
-    Falls back to TorchRL's ``vtrace_advantage_estimate`` (with the stored-action log pi) for a
-    per-step discount (``steps_to_next_obs``), non-scalar thresholds, ``gamma`` outside [0, 1] or
-    mismatched shapes.
+    A ``steps_to_next_obs`` entry gives the per-step discount ``gamma ** steps`` (TorchRL's constructor takes
+    a scalar ``gamma`` only). Falls back to TorchRL's ``vtrace_advantage_estimate`` (with the stored-action
+    log pi) for non-scalar thresholds, ``gamma`` outside [0, 1] or mismatched shapes.
     """
 
     _SCALAR_BUFFERS = ("gamma", "rho_thresh", "c_thresh")
