@@ -29,6 +29,9 @@ from .. import _config
 # Tokens per block of a row. Rows up to this length are one block (one launch); longer rows are split in time
 # (two launches). Module-level so that a benchmark can compare block lengths.
 GAE_BLOCK = 2048
+# Tiles hold time descending, so the backward recurrence is a forward tl.associative_scan: Triton lowers
+# reverse=True scans with lane-reversing shuffles of every element (docs/design.md), five values each here.
+DESCENDING = True
 _TILE = 2048  # elements per program for short rows (several rows a program)
 _FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kernels
 
@@ -77,6 +80,7 @@ def _token_scan_kernel(
     G_PTR: tl.constexpr,
     L_PTR: tl.constexpr,
     STORE_RET: tl.constexpr,
+    DESC: tl.constexpr,  # time descends along the tile, so the reverse recurrence is a forward scan
     BN: tl.constexpr,
     BT: tl.constexpr,
     NBP: tl.constexpr,  # NB rounded up to a power of two
@@ -85,7 +89,10 @@ def _token_scan_kernel(
     i_n = tl.program_id(0)
     i_k = tl.program_id(1)
     rows = i_n * BN + tl.arange(0, BN)
-    cols = i_k * BT + tl.arange(0, BT)
+    if DESC:
+        cols = i_k * BT + (BT - 1 - tl.arange(0, BT))
+    else:
+        cols = i_k * BT + tl.arange(0, BT)
     m_row = rows < B
     inb = m_row[:, None] & (cols < T)[None, :]
     offs = rows.to(tl.int64)[:, None] * T + cols[None, :]
@@ -112,9 +119,9 @@ def _token_scan_kernel(
         a_rr = tl.where(valid, zero, one)
         a_b1 = tl.where(valid, b_r - b_v, zero)
         a_b2 = tl.where(valid, b_v, zero)
-        P, Q, R, B1, B2 = tl.associative_scan((a_p, a_q, a_rr, a_b1, a_b2), 1, _gae_combine, reverse=True)
+        P, Q, R, B1, B2 = tl.associative_scan((a_p, a_q, a_rr, a_b1, a_b2), 1, _gae_combine, reverse=not DESC)
         if PHASE == 1:
-            first = (tl.arange(0, BT) == 0)[None, :]
+            first = (tl.arange(0, BT) == (BT - 1 if DESC else 0))[None, :]  # the block's earliest token
             tl.store(p_own + 0, tl.sum(tl.where(first, P, 0.0), axis=1), mask=m_row)
             tl.store(p_own + 1, tl.sum(tl.where(first, Q, 0.0), axis=1), mask=m_row)
             tl.store(p_own + 2, tl.sum(tl.where(first, R, 0.0), axis=1), mask=m_row)
@@ -138,9 +145,9 @@ def _token_scan_kernel(
         nxt = inb & ((cols + 1) < T)[None, :]
         m_next = tl.load(p_m + offs + 1, mask=nxt, other=0) != 0
         a_a = tl.where(m_next, g + zero, zero)
-        A, Bx = tl.associative_scan((a_a, b_r), 1, _lin_combine, reverse=True)
+        A, Bx = tl.associative_scan((a_a, b_r), 1, _lin_combine, reverse=not DESC)
         if PHASE == 1:
-            first = (tl.arange(0, BT) == 0)[None, :]
+            first = (tl.arange(0, BT) == (BT - 1 if DESC else 0))[None, :]
             tl.store(p_own + 0, tl.sum(tl.where(first, A, 0.0), axis=1), mask=m_row)
             tl.store(p_own + 1, tl.sum(tl.where(first, Bx, 0.0), axis=1), mask=m_row)
         else:
@@ -499,7 +506,7 @@ def _scan(mode: int, r, v, m, gamma, lam):
     pl, lv, sl, l_ptr = _hyper(lam if lam is not None else 0.0, acc, r)
     warps = 4 if bn * bt <= 2048 else 8
     common = dict(
-        MODE=mode, CARRY=nb > 1, G_PTR=g_ptr, L_PTR=l_ptr, STORE_RET=mode == 0 or x is not ret,
+        MODE=mode, CARRY=nb > 1, G_PTR=g_ptr, L_PTR=l_ptr, STORE_RET=mode == 0 or x is not ret, DESC=DESCENDING,
         BN=bn, BT=bt, NBP=triton.next_power_of_2(nb), ACC=_tl(acc), num_warps=warps,
     )  # fmt: skip
     args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm, b, t, nb)
