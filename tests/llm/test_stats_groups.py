@@ -201,3 +201,29 @@ def test_errors_devices():
         llm.compute_gae_advantage_return(r, v, m, torch.full((3,), 0.9), 0.9)
     adv, _ = llm.compute_gae_advantage_return(r, v, m, torch.tensor(0.9), torch.tensor(0.9, device="cuda"))
     assert adv.device.type == "cuda"
+
+
+def test_process_group_goes_through_combine_moments(path, monkeypatch):
+    """With a group, the statistics are combine_moments' (here a stand-in: two ranks holding the same data)."""
+    import rl_triton.distributed as distributed
+
+    seen = []
+
+    def two_equal_ranks(count, mean, m2, process_group=None):
+        seen.append(process_group)
+        return count * 2, mean, m2 * 2
+
+    monkeypatch.setattr(distributed, "combine_moments", two_equal_ranks)
+    group = object()
+    x, v, m = token_batch(4, 9, path.device, torch.float64)
+    n, mean, m2 = reference.moments(x, m)
+    var2 = 2 * m2 / (2 * n - 1)
+    assert abs(llm.masked_var(x, m, process_group=group).item() - var2) < 1e-12
+    assert abs(llm.masked_mean(x, m, process_group=group).item() - mean) < 1e-12
+    w = llm.masked_whiten(x, m, process_group=group)
+    assert_close(w, (x.cpu().double() - mean) / (var2 + 1e-8) ** 0.5, atol=1e-10, rtol=1e-10)
+    adv, _ = llm.compute_gae_advantage_return(x, v, m, 0.9, 0.8, process_group=group)
+    _, _, L = reference.gae(x, v, m, 0.9, 0.8)
+    n, mean, m2 = reference.moments(L, m)
+    assert_close(adv, (L - mean) / (2 * m2 / (2 * n - 1) + 1e-8) ** 0.5, atol=1e-10, rtol=1e-10)
+    assert seen == [group] * 4
