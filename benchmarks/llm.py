@@ -378,10 +378,12 @@ class VerlLoop(_Baseline):
         spec, x = ctx.spec, ctx.x
         fn = llm_impls.LOOPS[spec.name]
         args = self._args(spec, x)
-        if spec.outcome:  # the loops write the scores in place: a fresh sum per call anyway
+        if spec.outcome:
             small = (args[0][:16], args[1][:16], args[2][:16], EPSILON)
-        else:
-            small = tuple(a[:2, -32:] if isinstance(a, torch.Tensor) else a for a in args)
+        else:  # an all-valid mask: a slice of the real one may hold fewer than the two tokens whitening needs
+            small = [a[:2, :32] if isinstance(a, torch.Tensor) else a for a in args]
+            at = 2 if spec.reads_values else 1  # the mask's place: (r, v, mask, ...) or (r, mask, ...)
+            small[at] = torch.ones_like(small[at])
         res = self._result(ctx)
         budget = LOOP_BUDGET_S[_mode(ctx.opts)]
         try:
