@@ -160,17 +160,22 @@ def per_step(p: Prepared, s: dict) -> None:
     for name in DISCOUNTS:
         value = s.get(name)
         if isinstance(value, torch.Tensor):
-            s[name] = _per_step(p, name, value)
+            s[name] = per_step_view(p.fn, name, value, p.num_envs, p.seq_len, p.squeeze, p.device)
             s["per_step"] = True
 
 
-def _per_step(p: Prepared, name: str, g: torch.Tensor) -> torch.Tensor:
-    n, t = p.num_envs, p.seq_len
+def per_step_view(
+    fn: str, name: str, g: torch.Tensor, n: int, t: int, squeeze: bool, device: torch.device
+) -> torch.Tensor:
+    """A tensor gamma/lambda_ (:func:`discount`) of a call of ``n`` envs and ``t`` steps (``squeeze``: a 1-D
+    call) on ``device``, checked, as the (N, T) view the formulas read (a Prepared's or a cache Entry's fields:
+    the fast paths can call it too)."""
     shape = tuple(g.shape)
-    if p.squeeze:
+    g = g.detach()
+    if squeeze:
         if shape != (t,):
             raise ValueError(
-                f"{p.fn}: '{name}' must be a float, a 0-d tensor or a per-step tensor of shape {(t,)} for a 1-D "
+                f"{fn}: '{name}' must be a float, a 0-d tensor or a per-step tensor of shape {(t,)} for a 1-D "
                 f"call of {t} steps, got a tensor of {_describe(g)}"
             )
         rows = g.unsqueeze(0)
@@ -180,16 +185,27 @@ def _per_step(p: Prepared, name: str, g: torch.Tensor) -> torch.Tensor:
         rows = g.unsqueeze(1).expand(n, t)
     else:
         raise ValueError(
-            f"{p.fn}: '{name}' must be a float, a 0-d tensor, a per-env tensor of shape {(n,)} or a per-step "
+            f"{fn}: '{name}' must be a float, a 0-d tensor, a per-env tensor of shape {(n,)} or a per-step "
             f"tensor of shape {(n, t)}, got a tensor of {_describe(g)}"
         )
-    if g.device != p.device:
-        raise ValueError(f"{p.fn}: '{name}' is on {g.device} but the other inputs are on {p.device}")
+    if g.device != device:
+        raise ValueError(f"{fn}: '{name}' is on {g.device} but the other inputs are on {device}")
     if g.device.type == "cpu" and g.numel():
         lo, hi = float(g.min()), float(g.max())
         if not (0.0 <= lo and hi <= 1.0):  # NaN fails both
-            raise ValueError(f"{p.fn}: '{name}' must be in [0, 1], got values in [{lo}, {hi}]")
-    return rows.detach()
+            raise ValueError(f"{fn}: '{name}' must be in [0, 1], got values in [{lo}, {hi}]")
+    return rows
+
+
+def kernel_discount(value: float | torch.Tensor) -> tuple[torch.Tensor | None, float, int, int]:
+    """gamma or lambda_ as a kernel reads it: ``(tensor or None, float, stride_n, stride_t)``. A float gives
+    ``(None, value, 0, 0)``; a per-step view (:func:`per_step_view`) ``(view, 0.0, s_n, s_t)`` with its strides
+    in elements: ``s_t = 0`` for a per-env tensor, and the element of env n at step t is at
+    ``view.data_ptr() + (n * s_n + t * s_t) * view.element_size()``, in ``view.dtype`` (any float dtype)."""
+    if type(value) is float:
+        return None, value, 0, 0
+    s_n, s_t = value.stride()
+    return value, 0.0, s_n, s_t
 
 
 def _perf_warn(name: str, what: str) -> None:

@@ -409,3 +409,20 @@ def test_compile(path):
     (g_got,) = torch.autograd.grad(got[0].sum(), values)
     (g_want,) = torch.autograd.grad(want[0].sum(), values)
     torch.testing.assert_close(g_got, g_want)
+
+
+def test_kernel_hand_off():
+    """What the kernel launchers will get (rl_triton._validation.kernel_discount of the (N, T) views): a float
+    with zero strides, a per-env tensor with time stride 0, a per-step one with its own strides."""
+    from rl_triton._validation import kernel_discount, per_step_view
+
+    assert kernel_discount(0.9) == (None, 0.9, 0, 0)
+    env = torch.rand(4)
+    view, f, s_n, s_t = kernel_discount(per_step_view("f", "gamma", env, 4, 6, False, env.device))
+    assert (view.shape, f, s_n, s_t, view.data_ptr()) == ((4, 6), 0.0, 1, 0, env.data_ptr())
+    step = torch.rand(6, 4).T  # a time-major per-step tensor, read in place
+    view, _, s_n, s_t = kernel_discount(per_step_view("f", "gamma", step, 4, 6, False, step.device))
+    assert (s_n, s_t, view.data_ptr()) == (1, 4, step.data_ptr())
+    one_d = torch.rand(6)
+    view, _, s_n, s_t = kernel_discount(per_step_view("f", "gamma", one_d, 1, 6, True, one_d.device))
+    assert view.shape == (1, 6) and s_t == 1
