@@ -734,7 +734,7 @@ def hp_scalar(hi, lo, ACC: tl.constexpr):
 def hp_scalars(hp, ACC: tl.constexpr):
     """The hyper-parameters passed as (hi, lo) halves ``hp = (x_hi, x_lo, y_hi, y_lo, ...)``, 1 to 4 of them, as
     ACC scalars (:func:`hp_scalar`): a :func:`scan_rows` SCALARS."""
-    tl.static_assert(len(hp) in (2, 4, 6, 8), "hp_scalars: 1 to 4 (hi, lo) pairs")
+    tl.static_assert(len(hp) % 2 == 0 and len(hp) <= 8, "hp_scalars: 1 to 4 (hi, lo) pairs")
     if len(hp) == 2:
         out = (hp_scalar(hp[0], hp[1], ACC),)
     elif len(hp) == 4:

@@ -114,6 +114,14 @@ def _direct(ck, kernel, grid: tuple, n_args: int, constexprs: dict):
     return go
 
 
+class _Step(NamedTuple):
+    """One kernel launch of a plan."""
+
+    grid: tuple
+    constexprs: dict
+    warps: int
+
+
 class _Single(NamedTuple):
     """Scratch of a single pass: none (a dummy pointer, three times, and these two ints)."""
 
@@ -222,19 +230,21 @@ def _build(kernel, plan: Plan, p, constexprs: dict, cached: bool) -> _Launch:
     n_chunks = plans.cdiv(t, plan.bt)
     if plan.split is Split.SINGLE:
         extra = {"PHASE": int(Phase.SINGLE), "ONE": n_chunks == 1, "NKP": 1, **_cap_option(plan.maxnreg)}
-        launch = ((env_programs, 1), {**constexprs, **extra}, plan.warps)
+        launch = _Step((env_programs, 1), {**constexprs, **extra}, plan.warps)
         return _Launch(kernel, p.device, [launch], _Single(1, n_chunks), cached)
     acc = torch.float64 if p.dtype == torch.float64 else torch.float32
     if plan.split is Split.LOOKBACK:
         phase = Phase.LOOKBACK_EPOCHS if plan.epochs else Phase.LOOKBACK
         extra = {"PHASE": int(phase), "ONE": True, "NKP": plan.window, **_cap_option(plan.maxnreg)}
-        launch = ((env_programs * n_chunks, 1), {**constexprs, **extra}, plan.warps)
+        launch = _Step((env_programs * n_chunks, 1), {**constexprs, **extra}, plan.warps)
         scratch = _Lookback(env_programs, n_chunks, acc, plan.epochs, plan.bn)
         return _Launch(kernel, p.device, [launch], scratch, cached)
     cpb = plan.chunks_per_block
     nk = plans.cdiv(n_chunks, cpb)
     launches = [
-        ((env_programs, nk), {**constexprs, "PHASE": int(phase), "ONE": cpb == 1, "NKP": plans.pow2(nk)}, plan.warps)
+        _Step(
+            (env_programs, nk), {**constexprs, "PHASE": int(phase), "ONE": cpb == 1, "NKP": plans.pow2(nk)}, plan.warps
+        )
         for phase in (Phase.AGGREGATES, Phase.RESCAN)
     ]
     return _Launch(kernel, p.device, launches, _TwoPass(n, nk, cpb, acc), cached)
@@ -525,7 +535,7 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, rev
         tile = plans.tile(n, t_len)
         constexprs = dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=tile.bn, BT=tile.bt)
         launch = _Launch(
-            core.linear_scan_kernel, b.device, [((plans.cdiv(n, tile.bn), 1), constexprs, tile.warps)], None, True
+            core.linear_scan_kernel, b.device, [_Step((plans.cdiv(n, tile.bn), 1), constexprs, tile.warps)], None, True
         )
         if len(_SCAN_LAUNCHES) >= 512:
             _SCAN_LAUNCHES.clear()
