@@ -102,15 +102,20 @@ def in_unit(*values: float | None) -> bool:
     return True
 
 
-def discount_rows(g: torch.Tensor, shape: Sequence[int], dim: int | None) -> torch.Tensor | None:
+def discount_rows(
+    g: torch.Tensor, shape: Sequence[int], dim: int | None, dtype: torch.dtype | None = None
+) -> torch.Tensor | None:
     """A tensor ``gamma``/``lmbda`` as TorchRL applies it to per-step tensors of shape ``shape``
     (broadcast against them, so entry ``[..., t, ...]`` is the discount of step t): expanded to ``shape``
     (a view) and, with a time ``dim``, brought to the ``(N, T)`` rows of :func:`to_rows`. None (the caller
     keeps TorchRL's path) when it requires grad (TorchRL differentiates it, rl_triton does not), does not
-    broadcast to ``shape``, or is a CPU tensor with values outside [0, 1] (checked on the CPU only: a GPU
+    broadcast to ``shape``, would promote the entries' float ``dtype`` (TorchRL's outputs would then take
+    the discount's dtype), or is a CPU tensor with values outside [0, 1] (checked on the CPU only: a GPU
     check would need a host sync)."""
     shape = torch.Size(shape)
     if g.requires_grad or not g.is_floating_point():
+        return None
+    if dtype is not None and torch.promote_types(g.dtype, dtype) != dtype:
         return None
     try:
         if torch.broadcast_shapes(g.shape, shape) != shape:

@@ -214,7 +214,7 @@ class _RLTritonEstimator(CachedScalars):
         return tensordict.get(self.tensor_keys.steps_to_next_obs, None)
 
     def _torchrl_gamma(self, reward, steps):
-        """The discount exactly as TorchRL forms it (fallback paths only)."""
+        """The discount exactly as TorchRL forms it (fallback paths, and ``gamma ** steps_to_next_obs``)."""
         gamma = _buffer_on(self.gamma, reward.device)
         if steps is not None:
             gamma = gamma ** steps.view_as(reward)
@@ -229,12 +229,13 @@ class _RLTritonEstimator(CachedScalars):
         out = []
         for name in names:
             if name == "gamma" and steps is not None:
-                value = discount_rows(self._torchrl_gamma(steps_reward, steps), like.shape, time_dim)
+                value = discount_rows(self._torchrl_gamma(steps_reward, steps), like.shape, time_dim, like.dtype)
             else:
                 value = self._scalar(name)
                 if value is None:
                     buf = self._buffers.get(name)
-                    value = None if buf is None else discount_rows(_buffer_on(buf, like.device), like.shape, time_dim)
+                    if buf is not None:
+                        value = discount_rows(_buffer_on(buf, like.device), like.shape, time_dim, like.dtype)
                 elif not 0.0 <= value <= 1.0:
                     value = None
             if value is None:

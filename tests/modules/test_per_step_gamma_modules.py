@@ -143,7 +143,8 @@ def _actor(device):
 @pytest.mark.parametrize("name", ["GAE", "TDLambda"])
 def test_fallbacks(path, name, rl_triton_calls):
     """What rl_triton does not take stays TorchRL's: a gamma that requires grad (TorchRL differentiates it),
-    a CPU gamma with values outside [0, 1], one that does not broadcast to the entries."""
+    one of a wider dtype than the entries, a CPU gamma with values outside [0, 1], one that does not broadcast
+    to the entries."""
     cls, ref_cls = {"GAE": (GAE, trl.GAE), "TDLambda": (TDLambdaEstimator, trl.TDLambdaEstimator)}[name]
     td = rollout(BATCH, device=path.device, values=True)
     kw = {"vectorized": False} if name == "TDLambda" else {}
@@ -151,6 +152,9 @@ def test_fallbacks(path, name, rl_triton_calls):
         grad = _unit((3, 13, 1), path.device).requires_grad_(True)
         ours, ref, *_ = run_pair(cls, ref_cls, td, gamma=grad, lmbda=0.9, value_network=None, **kw)
         assert_td_close(ours, ref)
+    wide = _unit((3, 13, 1), path.device).double()  # TorchRL's dtype rules decide the outputs' dtype
+    ours, ref, *_ = run_pair(cls, ref_cls, td, gamma=wide, lmbda=0.9, value_network=None, **kw)
+    assert_td_close(ours, ref)
     if path.device.type == "cpu":  # not checked on a GPU (a host sync): rl_triton computes it
         above = _unit((3, 13, 1), path.device) * 1.5
         ours, ref, *_ = run_pair(cls, ref_cls, td, gamma=above, lmbda=0.9, value_network=None, **kw)
