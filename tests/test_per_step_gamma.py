@@ -426,3 +426,22 @@ def test_kernel_hand_off():
     one_d = torch.rand(6)
     view, _, s_n, s_t = kernel_discount(per_step_view("f", "gamma", one_d, 1, 6, True, one_d.device))
     assert view.shape == (1, 6) and s_t == 1
+
+
+@pytest.mark.parametrize(
+    "fn", ["compute_gae", "compute_vtrace", "compute_discounted_returns", "compute_lambda_returns"]
+)
+def test_containment(path, fn):
+    """Bootstrap values away from boundary steps are not read, with per-step discounts too: NaN there changes
+    nothing (docs/semantics.md, Containment)."""
+    shape = (3, 16)
+    args, kwargs = inputs(fn, shape, path.device)
+    _apply(fn, kwargs, shape, path.device, "step", "env")
+    boot = kwargs["bootstrap_values"]
+    interior = boot == 0
+    interior[:, -1] = False
+    poisoned = torch.where(interior, torch.full_like(boot, float("nan")), boot)
+    want = getattr(R, fn)(*args, **kwargs)
+    got = getattr(R, fn)(*args, **dict(kwargs, bootstrap_values=poisoned))
+    for g, w in zip(_outs(got), _outs(want), strict=True):
+        assert torch.equal(g, w)
