@@ -257,14 +257,20 @@ def test_fold_many_ranks_matches_concatenation(seed):
 # ----------------------------------------------------------------------------- one process
 
 
-@pytest.fixture
-def group_of_one():
-    """A gloo group of this process alone (the default group), torn down afterwards."""
+@pytest.fixture(params=["gloo", pytest.param("nccl", marks=pytest.mark.cuda)])
+def group_of_one(request):
+    """(group, device): a group of this process alone (the default group; gloo on the CPU, NCCL on the GPU),
+    torn down afterwards."""
     if dist.is_initialized():
         pytest.skip("a default process group already exists in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    backend = request.param
+    if backend == "nccl" and not dist.is_nccl_available():
+        pytest.skip("this PyTorch has no NCCL")
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     try:
-        yield dist.group.WORLD
+        yield dist.group.WORLD, device
     finally:
         dist.destroy_process_group()
 
@@ -278,28 +284,52 @@ def test_no_group_returns_inputs():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
 def test_group_of_one_is_bit_identical(group_of_one, dtype, masked):
+    group, device = group_of_one
     g = torch.Generator().manual_seed(7)
-    x = (torch.randn(13, 29, generator=g, dtype=torch.float64) * 3 + 1).to(dtype)
-    m = (torch.rand(13, 29, generator=g) < 0.7) if masked else None
+    x = (torch.randn(13, 29, generator=g, dtype=torch.float64) * 3 + 1).to(dtype).to(device)
+    m = (torch.rand(13, 29, generator=g) < 0.7).to(device) if masked else None
     local = local_moments(x, m)
-    combined = combine_moments(*local, process_group=group_of_one)
+    combined = combine_moments(*local, process_group=group)
     for a, b in zip(local, combined, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
     for unbiased in (True, False):
         ref = normalize_advantages(x, m, unbiased=unbiased)
-        out = normalize_advantages(x, m, process_group=group_of_one, unbiased=unbiased)
+        out = normalize_advantages(x, m, process_group=group, unbiased=unbiased)
         assert out.dtype == dtype and torch.equal(out, ref)
 
 
 def test_group_of_one_combine_keeps_dtypes(group_of_one):
+    group, device = group_of_one
     t = (
         torch.tensor(7, dtype=torch.int64),
         torch.tensor(0.1, dtype=torch.float32),
         torch.tensor(1 / 3, dtype=torch.float64),
     )
-    out = combine_moments(*t, process_group=group_of_one)
+    t = tuple(x.to(device) for x in t)
+    out = combine_moments(*t, process_group=group)
     for a, b in zip(t, out, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.cuda
+def test_cuda_no_host_sync():
+    """Moments, the fold and the normalisation queue on the GPU without a host synchronisation (the
+    collective itself is NCCL's business and is left out)."""
+    x = torch.randn(64, 300, device="cuda")
+    m = torch.rand(64, 300, device="cuda") < 0.5
+    gathered = torch.stack(
+        [torch.stack(local_moments(x, m)).double(), torch.zeros(3, device="cuda", dtype=torch.float64)]
+    )
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        local_moments(x, m)
+        local_moments(x.half())
+        normalize_advantages(x, m)
+        _fold_moments(gathered)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 # ----------------------------------------------------------------------------- local semantics
