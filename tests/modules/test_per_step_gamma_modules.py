@@ -32,12 +32,14 @@ def _discount(form, device):
     return _unit(SHAPES[form], device)
 
 
-@pytest.mark.parametrize("lmbda_form", [None, "step", "env"])
-@pytest.mark.parametrize("gamma_form", [None, "step", "env"])  # TorchRL's GAE fails on a [T, 1] gamma
+def _pairs(gamma_forms):
+    """(gamma form, lmbda form) pairs with at least one tensor (None: a float)."""
+    return [(g, lam) for g in gamma_forms for lam in (None, "step", "env") if g or lam]
+
+
+@pytest.mark.parametrize("gamma_form,lmbda_form", _pairs((None, "step", "env")))  # TorchRL's GAE fails on [T, 1]
 @pytest.mark.parametrize("vectorized", [True, False], ids=["vec", "loop"])
 def test_gae(path, gamma_form, lmbda_form, vectorized, rl_triton_calls):
-    if gamma_form is None and lmbda_form is None:
-        pytest.skip("scalars: the other GAE tests")
     gamma = 0.95 if gamma_form is None else _discount(gamma_form, path.device)
     lmbda = 0.9 if lmbda_form is None else _discount(lmbda_form, path.device)
     td = rollout(BATCH, device=path.device, values=True)
@@ -54,11 +56,8 @@ def _td_lambda_ref(td, gamma, lmbda):
     )
 
 
-@pytest.mark.parametrize("lmbda_form", [None, "step", "env"])
-@pytest.mark.parametrize("gamma_form", [None, "step", "env", "time"])
+@pytest.mark.parametrize("gamma_form,lmbda_form", _pairs((None, "step", "env", "time")))
 def test_td_lambda(path, gamma_form, lmbda_form, rl_triton_calls):
-    if gamma_form is None and lmbda_form is None:
-        pytest.skip("scalars: the other TD(lambda) tests")
     gamma = 0.95 if gamma_form is None else _discount(gamma_form, path.device)
     lmbda = 0.9 if lmbda_form is None else _discount(lmbda_form, path.device)
     td = rollout(BATCH, device=path.device, values=True)
