@@ -40,9 +40,10 @@ def build_parser():
     p.description = __doc__.split("\n\n")[0]
     p.add_argument(
         "--adv-norm",
-        choices=("minibatch", "batch"),
+        choices=("minibatch", "batch", "rank"),
         default="minibatch",
-        help="normalise advantages over each global minibatch (as ppo.py) or over the whole global batch per epoch",
+        help="normalise advantages over each global minibatch (as ppo.py), over the whole global batch per epoch, "
+        "or (for comparison) over each rank's own minibatch, as ClipPPOLoss(normalize_advantage=True) would under DDP",
     )
     return p
 
@@ -192,8 +193,9 @@ def train(args, rank: int, world: int, device: torch.device, group):
                 buffer.empty()
                 buffer.extend(batch.reshape(-1))
                 for mb in buffer:  # the same number of minibatches on every rank
-                    if args.adv_norm == "minibatch":
-                        mb.set("advantage", normalize_advantages(mb.get("advantage"), process_group=group))
+                    if args.adv_norm != "batch":
+                        pg = group if args.adv_norm == "minibatch" else None  # "rank": this shard's statistics
+                        mb.set("advantage", normalize_advantages(mb.get("advantage"), process_group=pg))
                     losses = ddp_loss(mb)
                     loss = losses["loss_objective"] + losses["loss_critic"]
                     if "loss_entropy" in losses.keys():
