@@ -330,3 +330,14 @@ def finish(args, curve: Curve, frames: int, meta: dict) -> dict:
 
 def _columns(curve: Curve) -> dict:
     return {"frames": curve.frames, "episode_return": curve.returns, "running_mean": curve.means}
+
+
+# ----------------------------------------------------------------------------- shared by the LLM example
+
+RESULT_KEYS = ("final_mean_return", "wall_seconds", "frames", "episodes", "reached_target")
+
+
+def result_line(meta: dict) -> str:
+    """The machine-readable ``RESULT {...}`` line of :func:`finish`, for scripts that build ``meta`` themselves
+    (``llm_ppo.py``: frames are policy tokens, episodes are responses)."""
+    return "RESULT " + json.dumps({k: meta[k] for k in RESULT_KEYS})
