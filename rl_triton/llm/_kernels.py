@@ -29,9 +29,12 @@ from .. import _config
 # Tokens per block of a row. Rows up to this length are one block (one launch); longer rows are split in time
 # (two launches). Module-level so that a benchmark can compare block lengths.
 GAE_BLOCK = 2048
-# Tiles hold time descending, so the backward recurrence is a forward tl.associative_scan: Triton lowers
-# reverse=True scans with lane-reversing shuffles of every element (docs/design.md), five values each here.
-DESCENDING = True
+# The tile form of the scan kernel: "grouped" (groups of 4 tokens, straight-line code inside, a forward scan
+# across groups), "descending" (time descending along a plain tile, one forward scan) or "reverse" (time
+# ascending, a reverse=True scan). Triton lowers reverse=True scans with lane-reversing shuffles of every
+# element, and a descending tile loses the vector loads and holds a thread's tokens strided: per 2048-token block
+# the PTX of the GAE rescan has about 140 shuffles per thread grouped, 500 descending and 850 reverse.
+FORM = "grouped"
 _TILE = 2048  # elements per program for short rows (several rows a program)
 _FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kernels
 
@@ -173,6 +176,208 @@ def _token_scan_kernel(
 
 
 @triton.jit
+def _on(c, x):
+    # the scalar map c = (a, b) applied to the state x: a x + b, or b where a == 0 (x not read)
+    return tl.where(c[0] == 0, c[1], c[0] * x + c[1])
+
+
+@triton.jit
+def _pick(x, sel):
+    # the entry of each row of a [BN, G] tile where sel is set, as [BN] (a select: other entries never enter)
+    return tl.sum(tl.where(sel, x, 0.0), axis=1)
+
+
+@triton.jit
+def _cols4(x):
+    # [BN, G, 4] -> its four columns [BN, G] (in-thread: the group axis is a thread's vector)
+    a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1], 2, 2]))
+    x0, x2 = tl.split(a)
+    x1, x3 = tl.split(b)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _join4(x0, x1, x2, x3):
+    return tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [x0.shape[0], x0.shape[1], 4])
+
+
+@triton.jit
+def _gae_maps(p_r, p_v, p_m, offs, inb, g, lam, ACC: tl.constexpr):
+    # the maps of GAE's tokens at offs: (p, q, rr, b1, b2), and the valid-token mask
+    b_r = tl.load(p_r + offs, mask=inb, other=0).to(ACC)
+    b_v = tl.load(p_v + offs, mask=inb, other=0).to(ACC)
+    valid = inb & (tl.load(p_m + offs, mask=inb, other=0) != 0)
+    zero = tl.zeros(b_r.shape, ACC)
+    one = zero + 1.0
+    return (tl.where(valid, g * lam + zero, one), tl.where(valid, g + zero, zero), tl.where(valid, zero, one),
+            tl.where(valid, b_r - b_v, zero), tl.where(valid, b_v, zero), valid, b_v)  # fmt: skip
+
+
+@triton.jit
+def _rpp_maps(p_r, p_m, offs, inb, nxt, g, ACC: tl.constexpr):
+    # the maps of REINFORCE++'s tokens at offs: (a, b) = (gamma m_{t+1}, r_t), the identity (1, 0) outside inb;
+    # and the valid-token mask
+    b_r = tl.load(p_r + offs, mask=inb, other=0).to(ACC)
+    valid = inb & (tl.load(p_m + offs, mask=inb, other=0) != 0)
+    m_next = tl.load(p_m + offs + 1, mask=nxt, other=0) != 0
+    zero = tl.zeros(b_r.shape, ACC)
+    return tl.where(inb, tl.where(m_next, g + zero, zero), zero + 1.0), b_r, valid
+
+
+@triton.jit
+def _gae4(e):
+    # backward through a group of 4: the composed maps from the group's entry to each token, latest token first
+    p0, p1, p2, p3 = _cols4(e[0])
+    q0, q1, q2, q3 = _cols4(e[1])
+    r0, r1, r2, r3 = _cols4(e[2])
+    u0, u1, u2, u3 = _cols4(e[3])
+    w0, w1, w2, w3 = _cols4(e[4])
+    c2 = _gae_combine(p3, q3, r3, u3, w3, p2, q2, r2, u2, w2)
+    c1 = _gae_combine(c2[0], c2[1], c2[2], c2[3], c2[4], p1, q1, r1, u1, w1)
+    c0 = _gae_combine(c1[0], c1[1], c1[2], c1[3], c1[4], p0, q0, r0, u0, w0)
+    return c0, c1, c2, (p3, q3, r3, u3, w3)
+
+
+@triton.jit
+def _lin4(a, b):
+    a0, a1, a2, a3 = _cols4(a)
+    b0, b1, b2, b3 = _cols4(b)
+    c2 = _lin_combine(a3, b3, a2, b2)
+    c1 = _lin_combine(c2[0], c2[1], a1, b1)
+    c0 = _lin_combine(c1[0], c1[1], a0, b0)
+    return c0, c1, c2, (a3, b3)
+
+
+@triton.jit
+def _token_scan_grouped_kernel(
+    p_r,  # rewards (B, T), contiguous
+    p_v,  # values (B, T) (MODE 0)
+    p_m,  # response mask (B, T) as uint8
+    p_g,  # gamma per row (G_PTR), stride s_g (0: one value)
+    p_l,  # lam per row (L_PTR, MODE 0), stride s_l
+    g_val,  # gamma as a float (not G_PTR)
+    l_val,  # lam as a float (not L_PTR)
+    s_g,
+    s_l,
+    p_x,  # out: the scanned state (L or G) in the accumulation dtype
+    p_ret,  # out: returns in the input dtype (STORE_RET)
+    p_agg,  # scratch: (B, NB, 5) composed map of each block (NB > 1)
+    p_pc,  # out: per-program count of valid tokens (int32)
+    p_ps,  # out: per-program sum of x over them
+    p_pm,  # out: per-program M2 of x over them (around the program's own mean)
+    B,
+    T,
+    NB,  # blocks per row
+    MODE: tl.constexpr,  # 0: masked GAE, 1: REINFORCE++ returns
+    PHASE: tl.constexpr,  # 1: store block maps only, 2: carry in, scan, store
+    CARRY: tl.constexpr,  # NB > 1
+    G_PTR: tl.constexpr,
+    L_PTR: tl.constexpr,
+    STORE_RET: tl.constexpr,
+    BN: tl.constexpr,
+    BT: tl.constexpr,
+    NBP: tl.constexpr,  # NB rounded up to a power of two
+    ACC: tl.constexpr,
+):
+    # The tile is [BN, G, 4]: groups of 4 consecutive tokens (time ascending inside a group, so loads vectorise),
+    # numbered latest-first along axis 1. Inside a group the backward recurrence is straight-line code in a
+    # thread's registers; across groups a forward scan combines the composed maps of the groups *before* each
+    # one in processing order (the tile reloaded one group later in time, from L1), which gives every group's
+    # entering state without shifting registers between threads. No reverse scan (Triton lowers reverse=True
+    # with lane-reversing shuffles of every element).
+    G: tl.constexpr = BT // 4
+    i_n = tl.program_id(0)
+    i_k = tl.program_id(1)
+    i_g = tl.arange(0, G)
+    rows = i_n * BN + tl.arange(0, BN)
+    m_row = rows < B
+    cols = i_k * BT + ((G - 1 - i_g)[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, :]
+    inb = m_row[:, None, None] & (cols < T)
+    prev_in = inb & (cols + 4 < T) & (i_g > 0)[None, :, None]  # the group before in processing order
+    offs = rows.to(tl.int64)[:, None, None] * T + cols
+    if G_PTR:
+        g = tl.load(p_g + rows * s_g, mask=m_row, other=0).to(ACC)[:, None, None]
+    else:
+        g = g_val
+    i_b = tl.arange(0, NBP)
+    later = m_row[:, None] & ((NB - 1 - i_b) > i_k)[None, :]  # the blocks after this one, latest first
+    p_blk = p_agg + (rows.to(tl.int64)[:, None] * NB + (NB - 1 - i_b)[None, :]) * 5
+    p_own = p_agg + (rows.to(tl.int64) * NB + i_k) * 5
+    last_g = (i_g == G - 1)[None, :]
+    if MODE == 0:
+        if L_PTR:
+            lam = tl.load(p_l + rows * s_l, mask=m_row, other=0).to(ACC)[:, None, None]
+        else:
+            lam = l_val
+        e = _gae_maps(p_r, p_v, p_m, offs, inb, g, lam, ACC)
+        valid = e[5]
+        b_v = e[6]
+        c0, c1, c2, c3 = _gae4(e)
+        f0, _, _, _ = _gae4(_gae_maps(p_r, p_v, p_m, offs + 4, prev_in, g, lam, ACC))
+        # X_g: the composed map of the groups before g (identity for g = 0)
+        X = tl.associative_scan(f0, 1, _gae_combine)
+        if PHASE == 1:
+            blk = _gae_combine(_pick(X[0], last_g), _pick(X[1], last_g), _pick(X[2], last_g), _pick(X[3], last_g),
+                               _pick(X[4], last_g), _pick(c0[0], last_g), _pick(c0[1], last_g), _pick(c0[2], last_g),
+                               _pick(c0[3], last_g), _pick(c0[4], last_g))  # fmt: skip
+            tl.store(p_own + 0, blk[0], mask=m_row)
+            tl.store(p_own + 1, blk[1], mask=m_row)
+            tl.store(p_own + 2, blk[2], mask=m_row)
+            tl.store(p_own + 3, blk[3], mask=m_row)
+            tl.store(p_own + 4, blk[4], mask=m_row)
+        else:
+            if CARRY:
+                c_p = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
+                c_q = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
+                c_r = tl.load(p_blk + 2, mask=later, other=1.0).to(ACC)
+                c_b1 = tl.load(p_blk + 3, mask=later, other=0.0).to(ACC)
+                c_b2 = tl.load(p_blk + 4, mask=later, other=0.0).to(ACC)
+                _, _, _, C1, C2 = tl.associative_scan((c_p, c_q, c_r, c_b1, c_b2), 1, _gae_combine)
+                Lc = _last(C1, i_b, NBP)
+                Vc = _last(C2, i_b, NBP)
+                EL = X[0] * Lc + X[1] * Vc + X[3]  # the state entering each group
+                EV = X[2] * Vc + X[4]
+            else:
+                EL = X[3]
+                EV = X[4]
+            x = _join4(c0[0] * EL + c0[1] * EV + c0[3], c1[0] * EL + c1[1] * EV + c1[3],
+                       c2[0] * EL + c2[1] * EV + c2[3], c3[0] * EL + c3[1] * EV + c3[3])  # fmt: skip
+            if STORE_RET:
+                tl.store(p_ret + offs, x + b_v, mask=inb)
+    else:
+        a, b, valid = _rpp_maps(p_r, p_m, offs, inb, inb & (cols + 1 < T), g, ACC)
+        c0, c1, c2, c3 = _lin4(a, b)
+        fa, fb, _ = _rpp_maps(p_r, p_m, offs + 4, prev_in, prev_in & (cols + 5 < T), g, ACC)
+        f0, _, _, _ = _lin4(fa, fb)
+        XA, XB = tl.associative_scan(f0, 1, _lin_combine)
+        if PHASE == 1:
+            blk = _lin_combine(_pick(XA, last_g), _pick(XB, last_g), _pick(c0[0], last_g), _pick(c0[1], last_g))
+            tl.store(p_own + 0, blk[0], mask=m_row)
+            tl.store(p_own + 1, blk[1], mask=m_row)
+        else:
+            if CARRY:
+                c_a = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
+                c_b = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
+                _, CB = tl.associative_scan((c_a, c_b), 1, _lin_combine)
+                EG = tl.where(XA == 0, XB, XA * _last(CB, i_b, NBP) + XB)
+            else:
+                EG = XB
+            x = _join4(_on(c0, EG), _on(c1, EG), _on(c2, EG), _on(c3, EG))
+            if STORE_RET:
+                tl.store(p_ret + offs, x, mask=inb)
+    if PHASE == 2:
+        tl.store(p_x + offs, x, mask=inb)
+        cnt = tl.sum(tl.sum(tl.sum(valid.to(tl.int32), axis=2), axis=1), axis=0)
+        tot = tl.sum(tl.sum(tl.sum(tl.where(valid, x, 0.0), axis=2), axis=1), axis=0)
+        mean = tot / tl.maximum(cnt, 1).to(ACC)
+        d = tl.where(valid, x - mean, 0.0)
+        pid = i_n * NB + i_k
+        tl.store(p_pc + pid, cnt)
+        tl.store(p_ps + pid, tot)
+        tl.store(p_pm + pid, tl.sum(tl.sum(tl.sum(d * d, axis=2), axis=1), axis=0))
+
+
+@triton.jit
 def _moments_kernel(
     p_x,  # values, flat
     p_m,  # mask, flat uint8
@@ -295,7 +500,7 @@ def _group_kernel(
     prev = tl.load(p_ids + tl.maximum(pid - 1, 0))
     start = (pid == 0) | (prev != me)
     # the group's size: its ids are contiguous from its first sorted position
-    n = 0
+    n = pid * 0  # an int32 scalar tensor, carried through the loop
     more = start
     while more:
         i = pid + n + tl.arange(0, BG)
@@ -506,13 +711,17 @@ def _scan(mode: int, r, v, m, gamma, lam):
     pl, lv, sl, l_ptr = _hyper(lam if lam is not None else 0.0, acc, r)
     warps = 4 if bn * bt <= 2048 else 8
     common = dict(
-        MODE=mode, CARRY=nb > 1, G_PTR=g_ptr, L_PTR=l_ptr, STORE_RET=mode == 0 or x is not ret, DESC=DESCENDING,
+        MODE=mode, CARRY=nb > 1, G_PTR=g_ptr, L_PTR=l_ptr, STORE_RET=mode == 0 or x is not ret,
         BN=bn, BT=bt, NBP=triton.next_power_of_2(nb), ACC=_tl(acc), num_warps=warps,
     )  # fmt: skip
+    if FORM == "grouped":
+        kernel = _token_scan_grouped_kernel
+    else:
+        kernel, common["DESC"] = _token_scan_kernel, FORM == "descending"
     args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm, b, t, nb)
     if nb > 1:
-        _token_scan_kernel[grid](*args, PHASE=1, **common)
-    _token_scan_kernel[grid](*args, PHASE=2, **common)
+        kernel[grid](*args, PHASE=1, **common)
+    kernel[grid](*args, PHASE=2, **common)
     return x, ret, _finalize(pc, ps, pm, acc)
 
 

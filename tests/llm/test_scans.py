@@ -88,11 +88,11 @@ def test_gae_split_rows(path, small_blocks, b, t, dtype, hyper):
     _gae_case(path, b, t, dtype, hyper)
 
 
-@pytest.mark.parametrize("descending", [True, False], ids=["descending-tiles", "reverse-scan"])
-def test_tile_orders(kernel_path, small_blocks, monkeypatch, descending):
+@pytest.mark.parametrize("form", ["grouped", "descending", "reverse"])
+def test_tile_forms(kernel_path, small_blocks, monkeypatch, form):
     from rl_triton.llm import _kernels
 
-    monkeypatch.setattr(_kernels, "DESCENDING", descending)
+    monkeypatch.setattr(_kernels, "FORM", form)
     _gae_case(kernel_path, 2, 150, torch.float32, "per-seq")
     _rpp_case(kernel_path, 2, 150, torch.float32, "float")
 
