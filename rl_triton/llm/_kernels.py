@@ -10,14 +10,17 @@
   it (a scan over at most ``NBP`` maps) into the state entering the block and rescans it from there.
 * ``_moments_kernel`` / ``_finalize_kernel``: per-program (count, sum, M2) of the valid entries, then their
   combination by one program in a fixed order (deterministic, no atomics).
-* ``_whiten_kernel``: ``(x − μ)·rsqrt(σ² + 1e-8)``, reading (count, mean, M2) from device memory (so the
-  statistics of several ranks can be combined in between without a host sync).
+* ``_whiten_kernel``: ``(x − μ)·rsqrt(σ² + 1e-8)``, combining the partial moments itself when there are few
+  (no finalize launch), or reading (count, mean, M2) from device memory (so the statistics of several ranks can
+  be combined in between without a host sync).
 * ``_row_sum_kernel``, ``_group_kernel``, ``_broadcast_kernel``: GRPO / RLOO. Scores are row sums; the
   sequences are sorted by group id (``torch.sort``, on the device), and the program at the first sorted
   position of each group computes the group's statistics and the advantage of its members; the others exit.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -403,17 +406,9 @@ def _moments_kernel(
 
 
 @triton.jit
-def _finalize_kernel(
-    p_pc,  # per-program count, sum, M2 (P of each)
-    p_ps,
-    p_pm,
-    P,
-    p_out,  # out: [count, mean, M2] in the accumulation dtype
-    BLOCK: tl.constexpr,
-    ACC: tl.constexpr,
-):
-    # Chan et al.'s combination of (n_i, mean_i, M2_i): the global mean first, then
-    # M2 = sum_i M2_i + n_i (mean_i - mean)^2, all in a fixed order.
+def _combine_partials(p_pc, p_ps, p_pm, P, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    # Chan et al.'s combination of P triples (n_i, sum_i, M2_i): the global mean first, then
+    # M2 = sum_i M2_i + n_i (mean_i - mean)^2, in a fixed order (the same bits in every program that calls it).
     acc_n = tl.zeros([BLOCK], tl.int64)
     acc_s = tl.zeros([BLOCK], ACC)
     for start in range(0, P, BLOCK):
@@ -429,9 +424,23 @@ def _finalize_kernel(
         s = tl.load(p_ps + i, mask=i < P, other=0)
         d = s / tl.maximum(c, 1.0) - mean
         acc_m += tl.load(p_pm + i, mask=i < P, other=0) + c * d * d
+    return count, mean, tl.sum(acc_m, axis=0)
+
+
+@triton.jit
+def _finalize_kernel(
+    p_pc,  # per-program count, sum, M2 (P of each)
+    p_ps,
+    p_pm,
+    P,
+    p_out,  # out: [count, mean, M2] in the accumulation dtype
+    BLOCK: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    count, mean, m2 = _combine_partials(p_pc, p_ps, p_pm, P, BLOCK, ACC)
     tl.store(p_out + 0, count)
     tl.store(p_out + 1, mean)
-    tl.store(p_out + 2, tl.sum(acc_m, axis=0))
+    tl.store(p_out + 2, m2)
 
 
 @triton.jit
@@ -439,21 +448,32 @@ def _whiten_kernel(
     p_x,  # values, flat (accumulation dtype or the input dtype)
     p_y,  # out, flat (may be p_x)
     p_m,  # mask, flat uint8 (MASK_OUT)
-    p_c,  # count, mean, M2: 0-d tensors in device memory
-    p_mu,
-    p_m2,
+    p_st,  # [count, mean, M2] in the accumulation dtype: read (not FUSED) or written by program 0 (FUSED)
+    p_pc,  # per-program partial moments (FUSED)
+    p_ps,
+    p_pm,
+    P,
     n,
     SHIFT: tl.constexpr,  # shift_mean
     MASK_OUT: tl.constexpr,  # zero where the mask is 0
+    FUSED: tl.constexpr,  # every program combines the partials itself (few of them): no finalize launch
     BLOCK: tl.constexpr,
+    PBLOCK: tl.constexpr,
     ACC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
-    count = tl.load(p_c).to(ACC)
-    mean = tl.load(p_mu).to(ACC)
-    var = tl.load(p_m2).to(ACC) / tl.maximum(count - 1.0, 1.0)  # count < 2 raises on the host
+    if FUSED:
+        count, mean, m2 = _combine_partials(p_pc, p_ps, p_pm, P, PBLOCK, ACC)
+        tl.store(p_st + 0, count, mask=pid == 0)
+        tl.store(p_st + 1, mean, mask=pid == 0)
+        tl.store(p_st + 2, m2, mask=pid == 0)
+    else:
+        count = tl.load(p_st + 0).to(ACC)
+        mean = tl.load(p_st + 1).to(ACC)
+        m2 = tl.load(p_st + 2).to(ACC)
+    var = m2 / tl.maximum(count - 1.0, 1.0)  # count < 2 raises on the host
     rstd = 1.0 / tl.sqrt(var + 1e-8)
     x = tl.load(p_x + offs, mask=inb, other=0).to(ACC)
     y = (x - mean) * rstd
@@ -625,59 +645,77 @@ def _hyper(h, acc: torch.dtype, ref: torch.Tensor):
     return h, 0.0, h.stride(0), True
 
 
-def _finalize(pc: torch.Tensor, ps: torch.Tensor, pm: torch.Tensor, acc: torch.dtype):
-    stats = torch.empty(3, dtype=acc, device=ps.device)
-    _finalize_kernel[(1,)](pc, ps, pm, pc.numel(), stats, BLOCK=1024, ACC=_tl(acc), num_warps=4)
-    return stats[0], stats[1], stats[2]
+class Partials(NamedTuple):
+    """Per-program (count, sum, M2) of the valid entries, not yet combined."""
+
+    pc: torch.Tensor
+    ps: torch.Tensor
+    pm: torch.Tensor
+    acc: torch.dtype
 
 
-def _partials(p: int, acc: torch.dtype, device):
-    return (
+def _partials(p: int, acc: torch.dtype, device) -> Partials:
+    return Partials(
         torch.empty(p, dtype=torch.int32, device=device),
         torch.empty(p, dtype=acc, device=device),
         torch.empty(p, dtype=acc, device=device),
+        acc,
     )
 
 
-def _zero_stats(acc: torch.dtype, device):
-    z = torch.zeros(3, dtype=acc, device=device)
-    return z[0], z[1], z[2]
+def finalize(parts: Partials):
+    """(count, mean, M2) over all the partials, as 0-d tensors in the accumulation dtype (one small program)."""
+    stats = torch.empty(3, dtype=parts.acc, device=parts.ps.device)
+    n = parts.pc.numel()
+    _finalize_kernel[(1,)](parts.pc, parts.ps, parts.pm, n, stats, BLOCK=1024, ACC=_tl(parts.acc), num_warps=4)
+    return stats[0], stats[1], stats[2]
 
 
 def _u8(m: torch.Tensor) -> torch.Tensor:
     return m.contiguous().view(torch.uint8)
 
 
-def moments(x: torch.Tensor, m: torch.Tensor):
-    """(count, mean, M2) of ``x`` where the bool mask ``m`` is set, as 0-d tensors (accumulation dtype)."""
+def moments(x: torch.Tensor, m: torch.Tensor) -> Partials:
+    """Partial moments of ``x`` where the bool mask ``m`` is set (:func:`finalize` combines them)."""
     acc = _acc(x.dtype)
     n = x.numel()
-    if n == 0:
-        return _zero_stats(acc, x.device)
-    xf, mf = x.contiguous().reshape(-1), _u8(m).reshape(-1)
     p = triton.cdiv(n, _FLAT_BLOCK)
-    pc, ps, pm = _partials(p, acc, x.device)
-    _moments_kernel[(p,)](xf, mf, pc, ps, pm, n, BLOCK=_FLAT_BLOCK, ACC=_tl(acc), num_warps=8)
-    return _finalize(pc, ps, pm, acc)
+    parts = _partials(p, acc, x.device)
+    if n:
+        xf, mf = x.contiguous().reshape(-1), _u8(m).reshape(-1)
+        _moments_kernel[(p,)](xf, mf, *parts[:3], n, BLOCK=_FLAT_BLOCK, ACC=_tl(acc), num_warps=8)
+    return parts
 
 
-def whiten_apply(x, count, mean, m2, shift_mean: bool, out_dtype=None, mask=None, inplace=False):
-    """``(x − mean)·rsqrt(M2/(count − 1) + 1e-8)`` (+ mean unless ``shift_mean``), zero where ``mask`` is 0
-    when given; into ``x`` itself when ``inplace`` and the dtypes agree."""
+_FUSE_MAX = 1024  # up to this many partials, every whitening program combines them itself
+
+
+def whiten(x, stats, shift_mean: bool, out_dtype=None, mask=None, inplace=False):
+    """``(x − mean)·rsqrt(M2/(count − 1) + 1e-8)`` (+ mean unless ``shift_mean``), zero where ``mask`` is 0 when
+    given; into ``x`` itself when ``inplace`` and the dtypes agree. ``stats``: :class:`Partials`, or a (count,
+    mean, M2) triple of 0-d tensors (combined across ranks, say). Returns (output, count as a 0-d tensor)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     acc = _acc(out_dtype)
     x = x.contiguous()
     y = x if inplace and x.dtype == out_dtype else torch.empty(x.shape, dtype=out_dtype, device=x.device)
     n = x.numel()
-    if n == 0:
-        return y
-    c, mu, q = (t.to(device=x.device, dtype=acc) for t in (count, mean, m2))
-    mf = _u8(mask).reshape(-1) if mask is not None else x
-    _whiten_kernel[(triton.cdiv(n, _FLAT_BLOCK),)](
-        x.reshape(-1), y.reshape(-1), mf, c, mu, q, n,
-        SHIFT=shift_mean, MASK_OUT=mask is not None, BLOCK=_FLAT_BLOCK, ACC=_tl(acc), num_warps=8,
-    )  # fmt: skip
-    return y
+    if isinstance(stats, Partials) and (stats.pc.numel() > _FUSE_MAX or n == 0):
+        stats = finalize(stats)
+    fused = isinstance(stats, Partials)
+    if fused:
+        st = torch.empty(3, dtype=acc, device=x.device)
+        pc, ps, pm = stats.pc, stats.ps, stats.pm
+    else:
+        st = torch.stack([t.to(device=x.device, dtype=acc).reshape(()) for t in stats])
+        pc, ps, pm = st, st, st
+    if n:
+        mf = _u8(mask).reshape(-1) if mask is not None else x
+        _whiten_kernel[(triton.cdiv(n, _FLAT_BLOCK),)](
+            x.reshape(-1), y.reshape(-1), mf, st, pc, ps, pm, pc.numel(), n,
+            SHIFT=shift_mean, MASK_OUT=mask is not None, FUSED=fused, BLOCK=_FLAT_BLOCK, PBLOCK=1024,
+            ACC=_tl(acc), num_warps=8,
+        )  # fmt: skip
+    return y, st[0]
 
 
 def _row_plan(b: int, t: int):
@@ -702,10 +740,11 @@ def _scan(mode: int, r, v, m, gamma, lam):
     else:
         x = ret
     if r.numel() == 0:
-        return x, ret, _zero_stats(acc, r.device)
+        return x, ret, _partials(0, acc, r.device)
     bn, bt, nb = _row_plan(b, t)
     grid = (triton.cdiv(b, bn), nb)
-    pc, ps, pm = _partials(grid[0] * nb, acc, r.device)
+    parts = _partials(grid[0] * nb, acc, r.device)
+    pc, ps, pm = parts.pc, parts.ps, parts.pm
     agg = torch.empty(b * nb * 5, dtype=acc, device=r.device) if nb > 1 else ps
     pg, gv, sg, g_ptr = _hyper(gamma, acc, r)
     pl, lv, sl, l_ptr = _hyper(lam if lam is not None else 0.0, acc, r)
@@ -722,20 +761,18 @@ def _scan(mode: int, r, v, m, gamma, lam):
     if nb > 1:
         kernel[grid](*args, PHASE=1, **common)
     kernel[grid](*args, PHASE=2, **common)
-    return x, ret, _finalize(pc, ps, pm, acc)
+    return x, ret, parts
 
 
 def gae(r, v, m, gamma, lam):
-    """Masked GAE: (L in the accumulation dtype, returns, (count, mean, M2) of L over the valid tokens)."""
-    x, ret, stats = _scan(0, r, v, m, gamma, lam)
-    return x, ret, *stats
+    """Masked GAE: (L in the accumulation dtype, returns, the partial moments of L over the valid tokens)."""
+    return _scan(0, r, v, m, gamma, lam)
 
 
 def reinforce_pp(r, m, gamma):
     """REINFORCE++: (G in the accumulation dtype (the returns themselves when that is the input dtype),
-    returns, (count, mean, M2) of G over the valid tokens)."""
-    x, ret, stats = _scan(1, r, None, m, gamma, None)
-    return x, ret, *stats
+    returns, the partial moments of G over the valid tokens)."""
+    return _scan(1, r, None, m, gamma, None)
 
 
 _KINDS = {"grpo": 0, "drgrpo": 1, "rloo": 2}

@@ -91,22 +91,39 @@ def _check_count(count: torch.Tensor, need: int) -> None:
         raise ValueError("the mask has a single valid token: the unbiased variance needs at least two")
 
 
-def _moments(values, mask, process_group, name="values"):
-    """(count, mean, M2) over the valid entries, combined across ``process_group`` when one is given."""
+def _combined(stats, process_group):
+    """Kernel-path statistics for the whitening: the partials as they are (the whitening kernel combines them)
+    without a group; with one, (count, mean, M2) combined across its ranks."""
+    from . import _kernels
+
+    if process_group is None:
+        return stats
+    from ..distributed import combine_moments
+
+    if isinstance(stats, _kernels.Partials):
+        stats = _kernels.finalize(stats)
+    return combine_moments(*stats, process_group=process_group)
+
+
+def _moments(values, mask, process_group, name="values", finalized=True):
+    """(count, mean, M2) over the valid entries, combined across ``process_group`` when one is given. On the
+    kernel path with ``finalized=False``: whatever :func:`_combined` gives (partials without a group)."""
     values = _tensor(name, values)
     mask = _like("mask", mask, values, name, float_only=False)
     m = _bool_mask(mask)
     if use_kernels(values.device):
         from . import _kernels
 
-        count, mean, m2 = _kernels.moments(values, m)
-    else:
-        count, mean, m2 = _torch.local_moments(values, m)
+        stats = _combined(_kernels.moments(values, m), process_group)
+        if finalized and isinstance(stats, _kernels.Partials):
+            stats = _kernels.finalize(stats)
+        return values, m, stats
+    count, mean, m2 = _torch.local_moments(values, m)
     if process_group is not None:
         from ..distributed import combine_moments
 
         count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
-    return values, m, count, mean, m2
+    return values, m, (count, mean, m2)
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -128,7 +145,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None, process_gro
         acc = _torch.acc_dtype(values.dtype)
         s = torch.where(m, values.to(acc), 0).sum(dim=axis)
         return (s / m.sum(dim=axis, dtype=acc)).to(values.dtype)
-    values, _, count, mean, _ = _moments(values, mask, process_group)
+    values, _, (count, mean, _) = _moments(values, mask, process_group)
     return torch.where(count > 0, mean, torch.nan).to(values.dtype)
 
 
@@ -140,7 +157,7 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True, 
     ``process_group``: the variance over every rank's entries (local (count, mean, M2) combined by
     :func:`rl_triton.distributed.combine_moments`).
     """
-    values, _, count, _, m2 = _moments(values, mask, process_group)
+    values, _, (count, _, m2) = _moments(values, mask, process_group)
     _check_count(count, 2 if unbiased else 1)
     return (m2 / (count - 1 if unbiased else count)).to(values.dtype)
 
@@ -149,12 +166,13 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     """``(x − μ)·rsqrt(σ² + 1e-8)`` at every entry (``+ μ`` when not ``shift_mean``), with μ the masked mean
     and σ² the unbiased masked variance. Masked entries are transformed too (verl's behaviour); callers that
     want zeros there multiply by the mask. Raises ValueError with fewer than two valid tokens."""
-    values, m, count, mean, m2 = _moments(values, mask, process_group)
+    values, m, stats = _moments(values, mask, process_group, finalized=False)
     if use_kernels(values.device):
         from . import _kernels
 
-        out = _kernels.whiten_apply(values, count, mean, m2, shift_mean)
+        out, count = _kernels.whiten(values, stats, shift_mean)
     else:
+        count, mean, m2 = stats
         out = _torch.whiten_apply(values, mean, m2 / (count - 1), shift_mean)
     _check_count(count, 2)
     return out
@@ -208,12 +226,8 @@ def compute_gae_advantage_return(
     if use_kernels(r.device):
         from . import _kernels
 
-        L, ret, count, mean, m2 = _kernels.gae(r, values, m, gamma, lam)
-        if process_group is not None:
-            from ..distributed import combine_moments
-
-            count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
-        adv = _kernels.whiten_apply(L, count, mean, m2, True, out_dtype=r.dtype, inplace=True)
+        L, ret, parts = _kernels.gae(r, values, m, gamma, lam)
+        adv, count = _kernels.whiten(L, _combined(parts, process_group), True, out_dtype=r.dtype, inplace=True)
         _check_count(count, 2)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)
@@ -260,12 +274,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
     if use_kernels(r.device):
         from . import _kernels
 
-        G, ret, count, mean, m2 = _kernels.reinforce_pp(r, m, gamma)
-        if process_group is not None:
-            from ..distributed import combine_moments
-
-            count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
-        adv = _kernels.whiten_apply(G, count, mean, m2, True, out_dtype=r.dtype, mask=m)
+        G, ret, parts = _kernels.reinforce_pp(r, m, gamma)
+        adv, count = _kernels.whiten(G, _combined(parts, process_group), True, out_dtype=r.dtype, mask=m)
         _check_count(count, 2)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)

@@ -227,3 +227,14 @@ def test_process_group_goes_through_combine_moments(path, monkeypatch):
     n, mean, m2 = reference.moments(L, m)
     assert_close(adv, (L - mean) / (2 * m2 / (2 * n - 1) + 1e-8) ** 0.5, atol=1e-10, rtol=1e-10)
     assert seen == [group] * 4
+
+
+def test_whiten_with_finalize_launch(kernel_path, monkeypatch):
+    """Many partials: a finalize launch combines them before the whitening (instead of every program)."""
+    from rl_triton.llm import _kernels
+
+    monkeypatch.setattr(_kernels, "_FUSE_MAX", 0)
+    x, v, m = token_batch(5, 40, kernel_path.device)
+    assert_close(llm.masked_whiten(x, m), reference.masked_whiten(x, m), atol=2e-5, rtol=1e-4)
+    adv, _ = llm.compute_gae_advantage_return(x, v, m, 0.9, 0.8)
+    assert_close(adv, reference.gae(x, v, m, 0.9, 0.8)[0], atol=2e-5, rtol=1e-4)
