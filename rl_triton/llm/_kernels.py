@@ -316,19 +316,18 @@ def _token_scan_grouped_kernel(
         valid = e[5]
         b_v = e[6]
         c0, c1, c2, c3 = _gae4(e)
-        f0, _, _, _ = _gae4(_gae_maps(p_r, p_v, p_m, offs + 4, prev_in, g, lam, ACC))
-        # X_g: the composed map of the groups before g (identity for g = 0)
-        X = tl.associative_scan(f0, 1, _gae_combine)
         if PHASE == 1:
-            blk = _gae_combine(_pick(X[0], last_g), _pick(X[1], last_g), _pick(X[2], last_g), _pick(X[3], last_g),
-                               _pick(X[4], last_g), _pick(c0[0], last_g), _pick(c0[1], last_g), _pick(c0[2], last_g),
-                               _pick(c0[3], last_g), _pick(c0[4], last_g))  # fmt: skip
-            tl.store(p_own + 0, blk[0], mask=m_row)
-            tl.store(p_own + 1, blk[1], mask=m_row)
-            tl.store(p_own + 2, blk[2], mask=m_row)
-            tl.store(p_own + 3, blk[3], mask=m_row)
-            tl.store(p_own + 4, blk[4], mask=m_row)
+            # the block's map: all its groups composed, latest first
+            A = tl.associative_scan(c0, 1, _gae_combine)
+            tl.store(p_own + 0, _pick(A[0], last_g), mask=m_row)
+            tl.store(p_own + 1, _pick(A[1], last_g), mask=m_row)
+            tl.store(p_own + 2, _pick(A[2], last_g), mask=m_row)
+            tl.store(p_own + 3, _pick(A[3], last_g), mask=m_row)
+            tl.store(p_own + 4, _pick(A[4], last_g), mask=m_row)
         else:
+            f0, _, _, _ = _gae4(_gae_maps(p_r, p_v, p_m, offs + 4, prev_in, g, lam, ACC))
+            # X_g: the composed map of the groups before g (identity for g = 0)
+            X = tl.associative_scan(f0, 1, _gae_combine)
             if CARRY:
                 c_p = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
                 c_q = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
@@ -350,14 +349,14 @@ def _token_scan_grouped_kernel(
     else:
         a, b, valid = _rpp_maps(p_r, p_m, offs, inb, inb & (cols + 1 < T), g, ACC)
         c0, c1, c2, c3 = _lin4(a, b)
-        fa, fb, _ = _rpp_maps(p_r, p_m, offs + 4, prev_in, prev_in & (cols + 5 < T), g, ACC)
-        f0, _, _, _ = _lin4(fa, fb)
-        XA, XB = tl.associative_scan(f0, 1, _lin_combine)
         if PHASE == 1:
-            blk = _lin_combine(_pick(XA, last_g), _pick(XB, last_g), _pick(c0[0], last_g), _pick(c0[1], last_g))
-            tl.store(p_own + 0, blk[0], mask=m_row)
-            tl.store(p_own + 1, blk[1], mask=m_row)
+            AA, AB = tl.associative_scan(c0, 1, _lin_combine)
+            tl.store(p_own + 0, _pick(AA, last_g), mask=m_row)
+            tl.store(p_own + 1, _pick(AB, last_g), mask=m_row)
         else:
+            fa, fb, _ = _rpp_maps(p_r, p_m, offs + 4, prev_in, prev_in & (cols + 5 < T), g, ACC)
+            f0, _, _, _ = _lin4(fa, fb)
+            XA, XB = tl.associative_scan(f0, 1, _lin_combine)
             if CARRY:
                 c_a = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
                 c_b = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
