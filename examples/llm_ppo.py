@@ -89,7 +89,7 @@ def build_parser():
     )
     p.add_argument("--device", default=common.default_device(), help="device of the model, rollouts and estimator")
     p.add_argument("--iters", type=int, default=600, help="maximum number of iterations (rollout + update)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds Python, NumPy, torch and the prompt stream")
     p.add_argument(
         "--target-reward",
         type=float,
@@ -113,18 +113,18 @@ def build_parser():
     p.add_argument("--samples", type=int, default=4, help="responses sampled per prompt (the group of GRPO/RLOO)")
     p.add_argument("--epochs", type=int, default=2, help="passes over each batch of responses")
     p.add_argument("--minibatch", type=int, default=64, help="responses per gradient step")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (constant)")
     p.add_argument("--gamma", type=float, default=1.0, help="discount over response tokens (GAE, REINFORCE++)")
     p.add_argument("--lam", type=float, default=0.95, help="GAE lambda")
     p.add_argument("--clip-ratio", type=float, default=0.2, help="PPO clip range of the probability ratio")
     p.add_argument("--clip-value", type=float, default=0.5, help="clip range of the value prediction (PPO)")
     p.add_argument("--vf-coef", type=float, default=0.5, help="weight of the value loss (PPO)")
-    p.add_argument("--entropy-coeff", type=float, default=0.0)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--entropy-coeff", type=float, default=0.0, help="weight of the token-mean entropy bonus")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient norm clipping")
     # Model.
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=64, help="width of the transformer")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--heads", type=int, default=4, help="attention heads per block")
     # Output.
     p.add_argument("--out", type=Path, default=Path("runs/llm_ppo"), help="folder of the default plot")
     p.add_argument(
@@ -133,7 +133,9 @@ def build_parser():
         help="PNG of the learning curve (default: OUT/<estimator>_seed<seed>.png; 'none': no plot)",
     )
     p.add_argument("--log", type=Path, default=None, help="write the per-response curve here (.csv or .json)")
-    p.add_argument("--smoke", action="store_true", help="a few small iterations, to check that everything runs")
+    p.add_argument(
+        "--smoke", action="store_true", help="3 iterations of 8 prompts x 4 samples, to check that everything runs (CI)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: leave PyTorch's default)")
     return p
@@ -315,7 +317,7 @@ def main(argv=None):
     B = args.prompts * args.samples
 
     curve = common.Curve(window=args.window)
-    history = {k: [] for k in ("iteration", "reward", "exact", "length", "running_mean", "seconds")}
+    history = {k: [] for k in ("iteration", "reward", "exact", "length", "target_length", "running_mean", "seconds")}
     tokens = updates = iteration = 0
     reached = False
     bar = progress_bar(args.iters, args.no_progress, args.target_reward)
@@ -345,6 +347,7 @@ def main(argv=None):
                 ("reward", float(reward.mean())),
                 ("exact", float(exact.float().mean())),
                 ("length", float(n.float().mean())),
+                ("target_length", float(lengths.float().mean())),
                 ("running_mean", curve.mean),
                 ("seconds", now),
             ):
@@ -428,7 +431,7 @@ def progress_bar(total: int, disable: bool, target: float):
 
 def plot_history(history: dict, path: Path, meta: dict, target: float) -> None:
     """Mean reward per iteration (with the running mean over the last responses) and the exact-answer rate
-    on the left; the mean answer length on the right."""
+    on the left; the mean answer and target lengths on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -447,7 +450,9 @@ def plot_history(history: dict, path: Path, meta: dict, target: float) -> None:
     ax.set_title(f"{meta['algorithm']} on {TASK} ({meta['wall_seconds']:.0f} s on {meta['device']})")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    ax_len.plot(it, history["length"], "-", linewidth=1.2)
+    ax_len.plot(it, history["length"], "-", linewidth=1.2, label="answers")
+    ax_len.plot(it, history["target_length"], "-", color="grey", linewidth=1, alpha=0.7, label="targets")
+    ax_len.legend(loc="upper right", fontsize=8)
     ax_len.set_xlabel("iteration")
     ax_len.set_ylabel("mean answer length (digits)")
     ax_len.grid(alpha=0.3)
