@@ -64,7 +64,7 @@ def _last(x, i, n: tl.constexpr):
 def _token_scan_kernel(
     p_r,  # rewards (B, T), contiguous
     p_v,  # values (B, T) (MODE 0)
-    p_m,  # response mask (B, T) as uint8
+    p_m,  # response mask (B, T), any dtype (bool as uint8); nonzero = valid
     p_g,  # gamma per row (G_PTR), stride s_g (0: one value)
     p_l,  # lam per row (L_PTR, MODE 0), stride s_l
     g_val,  # gamma as a float (not G_PTR)
@@ -255,7 +255,7 @@ def _lin4(a, b):
 def _token_scan_grouped_kernel(
     p_r,  # rewards (B, T), contiguous
     p_v,  # values (B, T) (MODE 0)
-    p_m,  # response mask (B, T) as uint8
+    p_m,  # response mask (B, T), any dtype (bool as uint8); nonzero = valid
     p_g,  # gamma per row (G_PTR), stride s_g (0: one value)
     p_l,  # lam per row (L_PTR, MODE 0), stride s_l
     g_val,  # gamma as a float (not G_PTR)
@@ -382,7 +382,7 @@ def _token_scan_grouped_kernel(
 @triton.jit
 def _moments_kernel(
     p_x,  # values, flat
-    p_m,  # mask, flat uint8
+    p_m,  # mask, flat, any dtype
     p_pc,  # out: per-program count, sum, M2
     p_ps,
     p_pm,
@@ -446,7 +446,7 @@ def _finalize_kernel(
 def _whiten_kernel(
     p_x,  # values, flat (accumulation dtype or the input dtype)
     p_y,  # out, flat (may be p_x)
-    p_m,  # mask, flat uint8 (MASK_OUT)
+    p_m,  # mask, flat, any dtype (MASK_OUT)
     p_st,  # [count, mean, M2] in the accumulation dtype: read (not FUSED) or written by program 0 (FUSED)
     p_pc,  # per-program partial moments (FUSED)
     p_ps,
@@ -558,7 +558,7 @@ def _group_kernel(
 @triton.jit
 def _broadcast_kernel(
     p_a,  # per-row advantage (B,)
-    p_m,  # mask (B, T) uint8
+    p_m,  # mask (B, T), any dtype
     p_y,  # out: (B, T), a_b where the mask is set, 0 elsewhere
     B,
     T,
@@ -671,7 +671,9 @@ def finalize(parts: Partials):
 
 
 def _u8(m: torch.Tensor) -> torch.Tensor:
-    return m.contiguous().view(torch.uint8)
+    """The mask as the kernels read it (nonzero = valid): as stored, bool viewed as uint8."""
+    m = m.contiguous()
+    return m.view(torch.uint8) if m.dtype == torch.bool else m
 
 
 def moments(x: torch.Tensor, m: torch.Tensor) -> Partials:

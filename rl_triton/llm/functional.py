@@ -110,20 +110,20 @@ def _moments(values, mask, process_group, name="values", finalized=True):
     kernel path with ``finalized=False``: whatever :func:`_combined` gives (partials without a group)."""
     values = _tensor(name, values)
     mask = _like("mask", mask, values, name, float_only=False)
-    m = _bool_mask(mask)
     if use_kernels(values.device):
         from . import _kernels
 
-        stats = _combined(_kernels.moments(values, m), process_group)
+        # the kernels read the mask as stored (nonzero = valid): no conversion pass over an int64 mask
+        stats = _combined(_kernels.moments(values, mask), process_group)
         if finalized and isinstance(stats, _kernels.Partials):
             stats = _kernels.finalize(stats)
-        return values, m, stats
-    count, mean, m2 = _torch.local_moments(values, m)
+        return values, stats
+    count, mean, m2 = _torch.local_moments(values, _bool_mask(mask))
     if process_group is not None:
         from ..distributed import combine_moments
 
         count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
-    return values, m, (count, mean, m2)
+    return values, (count, mean, m2)
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -145,7 +145,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None, process_gro
         acc = _torch.acc_dtype(values.dtype)
         s = torch.where(m, values.to(acc), 0).sum(dim=axis)
         return (s / m.sum(dim=axis, dtype=acc)).to(values.dtype)
-    values, _, (count, mean, _) = _moments(values, mask, process_group)
+    values, (count, mean, _) = _moments(values, mask, process_group)
     return torch.where(count > 0, mean, torch.nan).to(values.dtype)
 
 
@@ -157,7 +157,7 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True, 
     ``process_group``: the variance over every rank's entries (local (count, mean, M2) combined by
     :func:`rl_triton.distributed.combine_moments`).
     """
-    values, _, (count, _, m2) = _moments(values, mask, process_group)
+    values, (count, _, m2) = _moments(values, mask, process_group)
     _check_count(count, 2 if unbiased else 1)
     return (m2 / (count - 1 if unbiased else count)).to(values.dtype)
 
@@ -166,7 +166,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     """``(x − μ)·rsqrt(σ² + 1e-8)`` at every entry (``+ μ`` when not ``shift_mean``), with μ the masked mean
     and σ² the unbiased masked variance. Masked entries are transformed too (verl's behaviour); callers that
     want zeros there multiply by the mask. Raises ValueError with fewer than two valid tokens."""
-    values, m, stats = _moments(values, mask, process_group, finalized=False)
+    values, stats = _moments(values, mask, process_group, finalized=False)
     if use_kernels(values.device):
         from . import _kernels
 
@@ -186,7 +186,7 @@ def _token_inputs(token_level_rewards, response_mask, values=None):
     if values is not None:
         _like("values", values, r, "token_level_rewards", float_only=True)
     mask = _like("response_mask", response_mask, r, "token_level_rewards", float_only=False)
-    return r, _bool_mask(mask)
+    return r, mask  # as stored: the kernels read it in place, the PyTorch path converts it (_bool_mask)
 
 
 def compute_gae_advantage_return(
@@ -231,6 +231,7 @@ def compute_gae_advantage_return(
         _check_count(count, 2)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)
+    m = _bool_mask(m)
     L = _torch.gae_scan(r, values, m, _as_column(gamma, acc), _as_column(lam, acc))
     ret = (L + values.to(acc)).to(r.dtype)
     return _whiten_local(L, m, process_group, r.dtype), ret
@@ -279,6 +280,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
         _check_count(count, 2)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)
+    m = _bool_mask(m)
     G = _torch.reinforce_pp_returns(r, m, _as_column(gamma, acc))
     adv = _whiten_local(G, m, process_group, r.dtype)
     return torch.where(m, adv, 0).to(r.dtype), G.to(r.dtype)
@@ -331,7 +333,7 @@ def _outcome(kind, token_level_rewards, response_mask, index, epsilon):
         n_groups = int(dense.max()) + 1 if b else 0
         ids = dense
     a = _torch.group_advantage(scores, ids, n_groups, kind, float(epsilon))
-    adv = torch.where(m, a.unsqueeze(-1), 0).to(r.dtype)
+    adv = torch.where(_bool_mask(m), a.unsqueeze(-1), 0).to(r.dtype)
     return adv, adv
 
 
