@@ -4,10 +4,11 @@ advantages from ``rl_triton.llm``.
 The task is synthetic and checkable: a prompt is a string of 2-5 random digits, left-padded as LLM batches are,
 and the model must answer with the digits reversed followed by an end token (``EOS``). Responses therefore have
 different lengths, and everything after the end token is padding that the response mask drops. With
-``--tool-every K`` (default 2) the environment writes a ``TOOL`` token into the response after every K answer
-tokens, as a tool call's output would appear: the policy does not choose it, so it is a masked position *inside*
-the response. The reward is an outcome reward on the last policy token: the fraction of answer digits in the
-right place, divided by the longer of the answer and the target length (1.0 only for the exact answer).
+``--tool-every K`` (default 2; 0 for REINFORCE++, see ``--help``) the environment writes a ``TOOL`` token into the
+response after every K answer tokens, as a tool call's output would appear: the policy does not choose it, so it
+is a masked position *inside* the response. The reward is an outcome reward on the last policy token: the number
+of answer digits in the right place divided by the longer of the answer and the target (1.0 only for the exact
+answer).
 
 The transformer (token and position embeddings, pre-norm causal self-attention blocks, a policy head over the
 10 digits and ``EOS``, and a scalar value head on the same trunk) is plain ``torch.nn`` and starts from random

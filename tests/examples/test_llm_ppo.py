@@ -154,6 +154,17 @@ def test_smoke(ex, estimator, tmp_path, capsys):
     assert data["frames"][-1] == result["frames"]
 
 
+@pytest.mark.compiled
+@pytest.mark.parametrize("estimator", ["ppo", "grpo"])
+def test_learns_on_the_gpu(ex, estimator, tmp_path, capsys):
+    """The default settings on CUDA, rl_triton.llm's compiled kernels: the target within the default budget."""
+    plot = tmp_path / "curve.png"
+    meta = ex.main(["--device=cuda", "--no-progress", f"--estimator={estimator}", f"--plot={plot}"])
+    result = parse_result(capsys.readouterr().out)
+    assert result["reached_target"] and result["final_mean_return"] >= 0.95, result
+    assert meta["device"].startswith("cuda") and plot.stat().st_size > 0
+
+
 def test_same_seed_same_run(ex, tmp_path, capsys):
     runs = []
     for _ in range(2):
