@@ -1,9 +1,9 @@
 """Triton kernels of :mod:`rl_triton.llm` and their launchers.
 
-* ``_token_scan_kernel``: masked GAE (MODE 0) or REINFORCE++ returns (MODE 1) as one reverse
-  ``tl.associative_scan`` over each row, plus the partial moments of the scanned state that the whitening
-  needs. GAE's skip-mask recursion is linear in the state (L, nv): a valid token maps it to
-  ``(γλ L + γ nv + r − V, V)``, a masked one leaves it alone, so every step is an affine map
+* ``_token_scan_grouped_kernel`` (the default form) and ``_token_scan_kernel`` (plain tiles): masked GAE
+  (MODE 0) or REINFORCE++ returns (MODE 1) as one scan over each row, plus the partial moments of the scanned
+  state that the whitening needs. GAE's skip-mask recursion is linear in the state (L, nv): a valid token maps
+  it to ``(γλ L + γ nv + r − V, V)``, a masked one leaves it alone, so every step is an affine map
   ``L' = p L + q nv + b1, nv' = rr nv + b2`` and so is any composition of steps (``_gae_combine``). REINFORCE++
   is the scalar map ``G' = γ m_{t+1} G + r`` (``_lin_combine``). Rows longer than one block of ``BT`` tokens
   are split in time: PHASE 1 stores each block's composed map, PHASE 2 folds the maps of the blocks after
