@@ -38,6 +38,9 @@ GAE_BLOCK = 2048
 # element, and a descending tile loses the vector loads and holds a thread's tokens strided: per 2048-token block
 # the PTX of the GAE rescan has about 140 shuffles per thread grouped, 500 descending and 850 reverse.
 FORM = "grouped"
+# Rows split in time, grouped form: "two_pass" (block maps, then the rescan: two launches, inputs read twice) or
+# "lookback" (one launch: each block publishes its map with a flag and waits for the later blocks' maps).
+SPLIT = "two_pass"
 _TILE = 2048  # elements per program for short rows (several rows a program)
 _FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kernels
 
@@ -252,6 +255,24 @@ def _lin4(a, b):
 
 
 @triton.jit
+def _publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, MAX_SPIN: tl.constexpr):
+    # Look-back: flag this block's map (stored just before) as published for this call's epoch, then wait until
+    # every later block of the row has published its own. Blocks are launched latest-first, so a block only
+    # waits on blocks that started before it. The wait is bounded (MAX_SPIN polls): never a hang.
+    tl.debug_barrier()
+    tl.atomic_xchg(p_flag + rows.to(tl.int64) * NB + i_k, epoch + rows * 0, mask=m_row, sem="release")
+    p_f = p_flag + rows.to(tl.int64)[:, None] * NB + (NB - 1 - i_b)[None, :]
+    spins = i_k * 0
+    pending = tl.sum(tl.sum(later.to(tl.int32), axis=1), axis=0) > 0
+    while pending:
+        f = tl.atomic_add(p_f, 0, mask=later, sem="acquire")
+        spins += 1
+        waiting = tl.sum(tl.sum(((f != epoch) & later).to(tl.int32), axis=1), axis=0)
+        pending = (waiting > 0) & (spins < MAX_SPIN)
+    tl.debug_barrier()
+
+
+@triton.jit(do_not_specialize=["epoch"])
 def _token_scan_grouped_kernel(
     p_r,  # rewards (B, T), contiguous
     p_v,  # values (B, T) (MODE 0)
@@ -268,11 +289,13 @@ def _token_scan_grouped_kernel(
     p_pc,  # out: per-program count of valid tokens (int32)
     p_ps,  # out: per-program sum of x over them
     p_pm,  # out: per-program M2 of x over them (around the program's own mean)
+    p_flag,  # look-back flags (B, NB), int32: the epoch of the call that last published each block (PHASE 3)
+    epoch,  # this call's epoch (PHASE 3)
     B,
     T,
     NB,  # blocks per row
     MODE: tl.constexpr,  # 0: masked GAE, 1: REINFORCE++ returns
-    PHASE: tl.constexpr,  # 1: store block maps only, 2: carry in, scan, store
+    PHASE: tl.constexpr,  # 1: store block maps only, 2: carry in, scan, store, 3: both in one launch (look-back)
     CARRY: tl.constexpr,  # NB > 1
     G_PTR: tl.constexpr,
     L_PTR: tl.constexpr,
@@ -280,6 +303,7 @@ def _token_scan_grouped_kernel(
     BN: tl.constexpr,
     BT: tl.constexpr,
     NBP: tl.constexpr,  # NB rounded up to a power of two
+    VOLATILE: tl.constexpr,  # the block-map loads are volatile (look-back: written by other blocks this launch)
     ACC: tl.constexpr,
 ):
     # The tile is [BN, G, 4]: groups of 4 consecutive tokens (time ascending inside a group, so loads vectorise),
@@ -290,7 +314,10 @@ def _token_scan_grouped_kernel(
     # with lane-reversing shuffles of every element).
     G: tl.constexpr = BT // 4
     i_n = tl.program_id(0)
-    i_k = tl.program_id(1)
+    if PHASE == 3:
+        i_k = NB - 1 - tl.program_id(1)  # latest block first: the blocks waited on start earlier
+    else:
+        i_k = tl.program_id(1)
     i_g = tl.arange(0, G)
     rows = i_n * BN + tl.arange(0, BN)
     m_row = rows < B
@@ -316,7 +343,7 @@ def _token_scan_grouped_kernel(
         valid = e[5]
         b_v = e[6]
         c0, c1, c2, c3 = _gae4(e)
-        if PHASE == 1:
+        if PHASE != 2:
             # the block's map: all its groups composed, latest first
             A = tl.associative_scan(c0, 1, _gae_combine)
             tl.store(p_own + 0, _pick(A[0], last_g), mask=m_row)
@@ -324,16 +351,18 @@ def _token_scan_grouped_kernel(
             tl.store(p_own + 2, _pick(A[2], last_g), mask=m_row)
             tl.store(p_own + 3, _pick(A[3], last_g), mask=m_row)
             tl.store(p_own + 4, _pick(A[4], last_g), mask=m_row)
-        else:
+            if PHASE == 3:
+                _publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, 1 << 16)
+        if PHASE != 1:
             f0, _, _, _ = _gae4(_gae_maps(p_r, p_v, p_m, offs + 4, prev_in, g, lam, ACC))
             # X_g: the composed map of the groups before g (identity for g = 0)
             X = tl.associative_scan(f0, 1, _gae_combine)
             if CARRY:
-                c_p = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
-                c_q = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
-                c_r = tl.load(p_blk + 2, mask=later, other=1.0).to(ACC)
-                c_b1 = tl.load(p_blk + 3, mask=later, other=0.0).to(ACC)
-                c_b2 = tl.load(p_blk + 4, mask=later, other=0.0).to(ACC)
+                c_p = tl.load(p_blk + 0, mask=later, other=1.0, volatile=VOLATILE).to(ACC)
+                c_q = tl.load(p_blk + 1, mask=later, other=0.0, volatile=VOLATILE).to(ACC)
+                c_r = tl.load(p_blk + 2, mask=later, other=1.0, volatile=VOLATILE).to(ACC)
+                c_b1 = tl.load(p_blk + 3, mask=later, other=0.0, volatile=VOLATILE).to(ACC)
+                c_b2 = tl.load(p_blk + 4, mask=later, other=0.0, volatile=VOLATILE).to(ACC)
                 _, _, _, C1, C2 = tl.associative_scan((c_p, c_q, c_r, c_b1, c_b2), 1, _gae_combine)
                 Lc = _last(C1, i_b, NBP)
                 Vc = _last(C2, i_b, NBP)
@@ -349,17 +378,19 @@ def _token_scan_grouped_kernel(
     else:
         a, b, valid = _rpp_maps(p_r, p_m, offs, inb, inb & (cols + 1 < T), g, ACC)
         c0, c1, c2, c3 = _lin4(a, b)
-        if PHASE == 1:
+        if PHASE != 2:
             AA, AB = tl.associative_scan(c0, 1, _lin_combine)
             tl.store(p_own + 0, _pick(AA, last_g), mask=m_row)
             tl.store(p_own + 1, _pick(AB, last_g), mask=m_row)
-        else:
+            if PHASE == 3:
+                _publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, 1 << 16)
+        if PHASE != 1:
             fa, fb, _ = _rpp_maps(p_r, p_m, offs + 4, prev_in, prev_in & (cols + 5 < T), g, ACC)
             f0, _, _, _ = _lin4(fa, fb)
             XA, XB = tl.associative_scan(f0, 1, _lin_combine)
             if CARRY:
-                c_a = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
-                c_b = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
+                c_a = tl.load(p_blk + 0, mask=later, other=1.0, volatile=VOLATILE).to(ACC)
+                c_b = tl.load(p_blk + 1, mask=later, other=0.0, volatile=VOLATILE).to(ACC)
                 _, CB = tl.associative_scan((c_a, c_b), 1, _lin_combine)
                 EG = tl.where(XA == 0, XB, XA * _last(CB, i_b, NBP) + XB)
             else:
@@ -367,7 +398,7 @@ def _token_scan_grouped_kernel(
             x = _join4(_on(c0, EG), _on(c1, EG), _on(c2, EG), _on(c3, EG))
             if STORE_RET:
                 tl.store(p_ret + offs, x, mask=inb)
-    if PHASE == 2:
+    if PHASE != 1:
         tl.store(p_x + offs, x, mask=inb)
         cnt = tl.sum(tl.sum(tl.sum(valid.to(tl.int32), axis=2), axis=1), axis=0)
         tot = tl.sum(tl.sum(tl.sum(tl.where(valid, x, 0.0), axis=2), axis=1), axis=0)
@@ -754,15 +785,42 @@ def _scan(mode: int, r, v, m, gamma, lam):
         MODE=mode, CARRY=nb > 1, G_PTR=g_ptr, L_PTR=l_ptr, STORE_RET=mode == 0 or x is not ret,
         BN=bn, BT=bt, NBP=triton.next_power_of_2(nb), ACC=_tl(acc), num_warps=warps,
     )  # fmt: skip
-    if FORM == "grouped":
-        kernel = _token_scan_grouped_kernel
-    else:
-        kernel, common["DESC"] = _token_scan_kernel, FORM == "descending"
-    args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm, b, t, nb)
+    args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm)
+    if FORM != "grouped":
+        common["DESC"] = FORM == "descending"
+        if nb > 1:
+            _token_scan_kernel[grid](*args, b, t, nb, PHASE=1, **common)
+        _token_scan_kernel[grid](*args, b, t, nb, PHASE=2, **common)
+        return x, ret, parts
+    if nb > 1 and SPLIT == "lookback" and not _capturing(r.device):
+        flags, epoch = _flags(r.device, b * nb)
+        _token_scan_grouped_kernel[grid](*args, flags, epoch, b, t, nb, PHASE=3, VOLATILE=True, **common)
+        return x, ret, parts
     if nb > 1:
-        kernel[grid](*args, PHASE=1, **common)
-    kernel[grid](*args, PHASE=2, **common)
+        _token_scan_grouped_kernel[grid](*args, ps, 0, b, t, nb, PHASE=1, VOLATILE=False, **common)
+    _token_scan_grouped_kernel[grid](*args, ps, 0, b, t, nb, PHASE=2, VOLATILE=False, **common)
     return x, ret, parts
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+_FLAGS: dict = {}
+
+
+def _flags(device: torch.device, size: int):
+    """(flags, epoch) for a look-back launch: a zeroed int32 buffer kept per device and stream, and the epoch this
+    call publishes with (one more than the last call's), so the buffer is never cleared between calls. Graph
+    captures do not take this path (a replay would reuse its epoch)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    entry = _FLAGS.get(key)
+    if entry is None or entry[0].numel() < size or entry[1] >= 2**31 - 2:
+        entry = [torch.zeros(max(size, 1024), dtype=torch.int32, device=device), 0]
+        _FLAGS[key] = entry
+    entry[1] += 1
+    return entry[0], entry[1]
 
 
 def gae(r, v, m, gamma, lam):

@@ -188,6 +188,16 @@ def test_long_row_kernel():
     assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
 
 
+def test_lookback_split(kernel_path, small_blocks, monkeypatch):
+    """Rows split in time with the one-launch look-back: repeated calls (each with its own flag epoch)."""
+    from rl_triton.llm import _kernels
+
+    monkeypatch.setattr(_kernels, "SPLIT", "lookback")
+    for _ in range(2):
+        _gae_case(kernel_path, 3, 300, torch.float32, "per-seq")
+        _rpp_case(kernel_path, 2, 200, torch.float32, "float")
+
+
 def test_deterministic(kernel_path, small_blocks):
     r, v, m = token_batch(2, 130, kernel_path.device)
     a1, r1 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8)
