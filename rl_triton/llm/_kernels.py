@@ -28,19 +28,9 @@ import triton
 import triton.language as tl
 
 from .. import _config
+from .plans import DEFAULT, Form, Split, TokenPlan
 
-# Tokens per block of a row. Rows up to this length are one block (one launch); longer rows are split in time
-# (two launches). Module-level so that a benchmark can compare block lengths.
-GAE_BLOCK = 2048
-# The tile form of the scan kernel: "grouped" (groups of 4 tokens, straight-line code inside, a forward scan
-# across groups), "descending" (time descending along a plain tile, one forward scan) or "reverse" (time
-# ascending, a reverse=True scan). Triton lowers reverse=True scans with lane-reversing shuffles of every
-# element, and a descending tile loses the vector loads and holds a thread's tokens strided: per 2048-token block
-# the PTX of the GAE rescan has about 140 shuffles per thread grouped, 500 descending and 850 reverse.
-FORM = "grouped"
-# Rows split in time, grouped form: "two_pass" (block maps, then the rescan: two launches, inputs read twice) or
-# "lookback" (one launch: each block publishes its map with a flag and waits for the later blocks' maps).
-SPLIT = "two_pass"
+# Launch decisions (block length, tile form, split, fused whitening) are a TokenPlan (.plans), passed in.
 _TILE = 2048  # elements per program for short rows (several rows a program)
 _FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kernels
 
@@ -719,19 +709,18 @@ def moments(x: torch.Tensor, m: torch.Tensor) -> Partials:
     return parts
 
 
-_FUSE_MAX = 1024  # up to this many partials, every whitening program combines them itself
-
-
-def whiten(x, stats, shift_mean: bool, out_dtype=None, mask=None, inplace=False):
+def whiten(x, stats, shift_mean: bool, out_dtype=None, mask=None, inplace=False, fuse_max: int = DEFAULT.fuse_max):
     """``(x − mean)·rsqrt(M2/(count − 1) + 1e-8)`` (+ mean unless ``shift_mean``), zero where ``mask`` is 0 when
     given; into ``x`` itself when ``inplace`` and the dtypes agree. ``stats``: :class:`Partials`, or a (count,
-    mean, M2) triple of 0-d tensors (combined across ranks, say). Returns (output, count as a 0-d tensor)."""
+    mean, M2) triple of 0-d tensors (combined across ranks, say). Up to ``fuse_max`` partials every program
+    combines them itself, more are finalized first (:attr:`TokenPlan.fuse_max`). Returns (output, count as a
+    0-d tensor)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     acc = _acc(out_dtype)
     x = x.contiguous()
     y = x if inplace and x.dtype == out_dtype else torch.empty(x.shape, dtype=out_dtype, device=x.device)
     n = x.numel()
-    if isinstance(stats, Partials) and (stats.pc.numel() > _FUSE_MAX or n == 0):
+    if isinstance(stats, Partials) and (stats.pc.numel() > fuse_max or n == 0):
         stats = finalize(stats)
     fused = isinstance(stats, Partials)
     if fused:
@@ -750,16 +739,16 @@ def whiten(x, stats, shift_mean: bool, out_dtype=None, mask=None, inplace=False)
     return y, st[0]
 
 
-def _row_plan(b: int, t: int):
+def _row_plan(b: int, t: int, block: int):
     """(BN, BT, NB): rows per program, tokens per block, blocks per row."""
-    if t <= GAE_BLOCK:
+    if t <= block:
         bt = max(16, triton.next_power_of_2(t))
         bn = max(1, min(triton.next_power_of_2(b), _TILE // bt))
         return bn, bt, 1
-    return 1, GAE_BLOCK, triton.cdiv(t, GAE_BLOCK)
+    return 1, block, triton.cdiv(t, block)
 
 
-def _scan(mode: int, r, v, m, gamma, lam):
+def _scan(mode: int, r, v, m, gamma, lam, plan: TokenPlan):
     b, t = r.shape
     acc = _acc(r.dtype)
     r = r.contiguous()
@@ -773,7 +762,7 @@ def _scan(mode: int, r, v, m, gamma, lam):
         x = ret
     if r.numel() == 0:
         return x, ret, _partials(0, acc, r.device)
-    bn, bt, nb = _row_plan(b, t)
+    bn, bt, nb = _row_plan(b, t, plan.block)
     grid = (triton.cdiv(b, bn), nb)
     parts = _partials(grid[0] * nb, acc, r.device)
     pc, ps, pm = parts.pc, parts.ps, parts.pm
@@ -786,13 +775,13 @@ def _scan(mode: int, r, v, m, gamma, lam):
         BN=bn, BT=bt, NBP=triton.next_power_of_2(nb), ACC=_tl(acc), num_warps=warps,
     )  # fmt: skip
     args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm)
-    if FORM != "grouped":
-        common["DESC"] = FORM == "descending"
+    if plan.form is not Form.GROUPED:
+        common["DESC"] = plan.form is Form.DESCENDING
         if nb > 1:
             _token_scan_kernel[grid](*args, b, t, nb, PHASE=1, **common)
         _token_scan_kernel[grid](*args, b, t, nb, PHASE=2, **common)
         return x, ret, parts
-    if nb > 1 and SPLIT == "lookback" and not _capturing(r.device):
+    if nb > 1 and plan.split is Split.LOOKBACK and not _capturing(r.device):
         flags, epoch = _flags(r.device, b * nb)
         _token_scan_grouped_kernel[grid](*args, flags, epoch, b, t, nb, PHASE=3, VOLATILE=True, **common)
         return x, ret, parts
@@ -823,15 +812,15 @@ def _flags(device: torch.device, size: int):
     return entry[0], entry[1]
 
 
-def gae(r, v, m, gamma, lam):
+def gae(r, v, m, gamma, lam, plan: TokenPlan):
     """Masked GAE: (L in the accumulation dtype, returns, the partial moments of L over the valid tokens)."""
-    return _scan(0, r, v, m, gamma, lam)
+    return _scan(0, r, v, m, gamma, lam, plan)
 
 
-def reinforce_pp(r, m, gamma):
+def reinforce_pp(r, m, gamma, plan: TokenPlan):
     """REINFORCE++: (G in the accumulation dtype (the returns themselves when that is the input dtype),
     returns, the partial moments of G over the valid tokens)."""
-    return _scan(1, r, None, m, gamma, None)
+    return _scan(1, r, None, m, gamma, None, plan)
 
 
 _KINDS = {"grpo": 0, "drgrpo": 1, "rloo": 2}

@@ -83,12 +83,21 @@ def _as_column(x, acc: torch.dtype):
     return x if isinstance(x, float) else x.to(acc).reshape(-1, 1)
 
 
-def _check_count(count: torch.Tensor, need: int) -> None:
+def _check_count(count: torch.Tensor, need: int, check: bool) -> None:
+    if not check:
+        return
     n = int(count)  # the host sync verl's reference has too
     if n == 0:
         raise ValueError("the mask has no valid token (its sum is zero): the statistics are undefined")
     if n < need:
         raise ValueError("the mask has a single valid token: the unbiased variance needs at least two")
+
+
+def _plan(plan, r: torch.Tensor):
+    """The launch plan of a token scan of ``r``: :func:`plans.choose`'s, or ``plan`` once checked."""
+    from . import plans
+
+    return plans.choose(r.shape[0], r.shape[1], r.dtype) if plan is None else plans.check(plan)
 
 
 def _combined(stats, process_group):
@@ -149,23 +158,30 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None, process_gro
     return torch.where(count > 0, mean, torch.nan).to(values.dtype)
 
 
-def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True, process_group=None) -> torch.Tensor:
+def masked_var(
+    values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True, process_group=None, *, check: bool = True
+) -> torch.Tensor:
     """Variance of ``values`` over the entries where ``mask`` is nonzero:
     ``masked_mean((x − μ)², m)``, times ``n / (n − 1)`` when ``unbiased`` (``n = Σ m``).
 
-    Raises ValueError when the mask has no valid token, or one with ``unbiased`` (a host sync, as in verl).
-    ``process_group``: the variance over every rank's entries (local (count, mean, M2) combined by
-    :func:`rl_triton.distributed.combine_moments`).
+    Raises ValueError when the mask has no valid token, or one with ``unbiased`` (a host sync, as in verl);
+    ``check=False`` skips that check and its sync, for masks known to be valid (a CUDA graph capture, for one):
+    an invalid mask then gives an undefined value, not an error. ``process_group``: the variance over every
+    rank's entries (local (count, mean, M2) combined by :func:`rl_triton.distributed.combine_moments`).
     """
     values, (count, _, m2) = _moments(values, mask, process_group)
-    _check_count(count, 2 if unbiased else 1)
+    _check_count(count, 2 if unbiased else 1, check)
     return (m2 / (count - 1 if unbiased else count)).to(values.dtype)
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, process_group=None):
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, process_group=None, *, check: bool = True
+):
     """``(x − μ)·rsqrt(σ² + 1e-8)`` at every entry (``+ μ`` when not ``shift_mean``), with μ the masked mean
     and σ² the unbiased masked variance. Masked entries are transformed too (verl's behaviour); callers that
-    want zeros there multiply by the mask. Raises ValueError with fewer than two valid tokens."""
+    want zeros there multiply by the mask. Raises ValueError with fewer than two valid tokens (a host sync);
+    ``check=False`` skips that check and its sync, for masks known to be valid (a CUDA graph capture, for one):
+    an invalid mask then gives undefined values, not an error."""
     values, stats = _moments(values, mask, process_group, finalized=False)
     if use_kernels(values.device):
         from . import _kernels
@@ -174,7 +190,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     else:
         count, mean, m2 = stats
         out = _torch.whiten_apply(values, mean, m2 / (count - 1), shift_mean)
-    _check_count(count, 2)
+    _check_count(count, 2, check)
     return out
 
 
@@ -196,6 +212,9 @@ def compute_gae_advantage_return(
     gamma,
     lam,
     process_group=None,
+    *,
+    plan=None,
+    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the policy's tokens; masked tokens are skipped (they carry the next value and the running
     advantage across). Going backwards from ``nv_T = L_T = 0``::
@@ -210,6 +229,12 @@ def compute_gae_advantage_return(
         response_mask: ``(B, T)``, any dtype; nonzero marks the policy's tokens.
         gamma, lam: floats in [0, 1], 0-d tensors, or ``(B,)`` tensors (one per sequence).
         process_group: whiten with statistics over every rank's tokens.
+        check: raise ValueError when the mask holds fewer than two valid tokens, which reads their count on
+            the host (a sync). ``check=False`` skips it, for masks known to be valid (a CUDA graph capture, for
+            one): nothing then waits on the host, and a mask that is not gives undefined values, not an error.
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.llm.plans.TokenPlan`); by
+            default :func:`rl_triton.llm.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path (an invalid plan raises ValueError on every path).
 
     Returns ``(advantages, returns)``, both ``(B, T)`` of the input dtype.
 
@@ -223,27 +248,29 @@ def compute_gae_advantage_return(
     r, m = _token_inputs(token_level_rewards, response_mask, values)
     b = r.shape[0]
     gamma, lam = _hyper("gamma", gamma, b, r), _hyper("lam", lam, b, r)
+    plan = _plan(plan, r)
     if use_kernels(r.device):
         from . import _kernels
 
-        L, ret, parts = _kernels.gae(r, values, m, gamma, lam)
-        adv, count = _kernels.whiten(L, _combined(parts, process_group), True, out_dtype=r.dtype, inplace=True)
-        _check_count(count, 2)
+        L, ret, parts = _kernels.gae(r, values, m, gamma, lam, plan)
+        stats = _combined(parts, process_group)
+        adv, count = _kernels.whiten(L, stats, True, out_dtype=r.dtype, inplace=True, fuse_max=plan.fuse_max)
+        _check_count(count, 2, check)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)
     m = _bool_mask(m)
     L = _torch.gae_scan(r, values, m, _as_column(gamma, acc), _as_column(lam, acc))
     ret = (L + values.to(acc)).to(r.dtype)
-    return _whiten_local(L, m, process_group, r.dtype), ret
+    return _whiten_local(L, m, process_group, r.dtype, check), ret
 
 
-def _whiten_local(x_acc: torch.Tensor, m: torch.Tensor, process_group, dtype: torch.dtype) -> torch.Tensor:
+def _whiten_local(x_acc: torch.Tensor, m: torch.Tensor, process_group, dtype: torch.dtype, check: bool):
     count, mean, m2 = _torch.local_moments(x_acc, m)
     if process_group is not None:
         from ..distributed import combine_moments
 
         count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
-    _check_count(count, 2)
+    _check_count(count, 2, check)
     return _torch.whiten_apply(x_acc, mean, m2 / (count - 1), True).to(dtype)
 
 
@@ -254,6 +281,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
     *,
     gamma=None,
     process_group=None,
+    plan=None,
+    check: bool = True,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted returns cut at masked positions, whitened over the policy's tokens::
@@ -262,7 +291,16 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
     ``gamma`` (keyword, or third positional as in older verl) or ``config.gamma`` (verl passes its algorithm
     config); a float, 0-d or ``(B,)`` tensor. Other keywords verl's dispatcher passes (``index``,
-    ``epsilon``, ...) are accepted and ignored, as verl's function does. Returns ``(advantages, returns)``.
+    ``epsilon``, ...) are accepted and ignored, as verl's function does. ``process_group``: whiten with
+    statistics over every rank's tokens. Returns ``(advantages, returns)``.
+
+    Keyword-only:
+        check: raise ValueError when the mask holds fewer than two valid tokens, which reads their count on
+            the host (a sync). ``check=False`` skips it, for masks known to be valid (a CUDA graph capture, for
+            one): nothing then waits on the host, and a mask that is not gives undefined values, not an error.
+        plan: advanced: the launch plan of the kernel path (:class:`rl_triton.llm.plans.TokenPlan`); by
+            default :func:`rl_triton.llm.plans.choose` picks it from the shape and dtype. Ignored by the
+            PyTorch path (an invalid plan raises ValueError on every path).
     """
     r, m = _token_inputs(token_level_rewards, response_mask)
     if gamma is None and isinstance(config, (numbers.Real, torch.Tensor)):
@@ -272,17 +310,19 @@ def compute_reinforce_plus_plus_outcome_advantage(
             raise TypeError("compute_reinforce_plus_plus_outcome_advantage: pass gamma= (or config with .gamma)")
         gamma = config["gamma"] if isinstance(config, dict) else config.gamma
     gamma = _hyper("gamma", gamma, r.shape[0], r)
+    plan = _plan(plan, r)
     if use_kernels(r.device):
         from . import _kernels
 
-        G, ret, parts = _kernels.reinforce_pp(r, m, gamma)
-        adv, count = _kernels.whiten(G, _combined(parts, process_group), True, out_dtype=r.dtype, mask=m)
-        _check_count(count, 2)
+        G, ret, parts = _kernels.reinforce_pp(r, m, gamma, plan)
+        stats = _combined(parts, process_group)
+        adv, count = _kernels.whiten(G, stats, True, out_dtype=r.dtype, mask=m, fuse_max=plan.fuse_max)
+        _check_count(count, 2, check)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)
     m = _bool_mask(m)
     G = _torch.reinforce_pp_returns(r, m, _as_column(gamma, acc))
-    adv = _whiten_local(G, m, process_group, r.dtype)
+    adv = _whiten_local(G, m, process_group, r.dtype, check)
     return torch.where(m, adv, 0).to(r.dtype), G.to(r.dtype)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
+
+from rl_triton.llm.plans import TokenPlan
 
 
 def token_batch(b: int, t: int, device, dtype=torch.float32, mask_dtype=torch.bool, interior: float = 0.3):
@@ -17,9 +18,5 @@ def token_batch(b: int, t: int, device, dtype=torch.float32, mask_dtype=torch.bo
     return r.to(device), v.to(device), m.to(mask_dtype).to(device)
 
 
-@pytest.fixture
-def small_blocks(monkeypatch):
-    """Rows split in time at 64 tokens (the kernels' multi-block path on small shapes)."""
-    from rl_triton.llm import _kernels
-
-    monkeypatch.setattr(_kernels, "GAE_BLOCK", 64)
+# Rows split in time at 64 tokens: the kernels' multi-block path on small shapes (the PyTorch path ignores plans).
+SMALL_BLOCKS = TokenPlan(block=64)

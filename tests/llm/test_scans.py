@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from rl_triton import llm
+from rl_triton.llm import plans
+from rl_triton.llm.plans import Form, Split, TokenPlan
 from tests._helpers import assert_close
 from tests.llm import reference
-from tests.llm.conftest import token_batch
+from tests.llm.conftest import SMALL_BLOCKS, token_batch
 
 F32 = (torch.float32, 2e-5, 1e-4)
 TOL = {
@@ -29,7 +31,7 @@ CASES = [
     pytest.param(4, 37, torch.float64, "float", id="B4-T37-f64"),
     pytest.param(4, 37, torch.bfloat16, "per-seq", id="B4-T37-bf16"),
 ]
-# Rows split in time (blocks of 64 under small_blocks): one to five blocks a row.
+# Rows split in time (blocks of 64 under SMALL_BLOCKS): one to five blocks a row.
 SPLIT_CASES = [
     pytest.param(2, 130, torch.float32, "per-seq", id="B2-T130"),
     pytest.param(3, 257, torch.float64, "float", id="B3-T257-f64"),
@@ -54,24 +56,24 @@ def _hyper(kind: str, b: int, device, value: float):
     return torch.rand(b, dtype=torch.float64).to(device)
 
 
-def _gae_case(path, b, t, dtype, hyper):
+def _gae_case(path, b, t, dtype, hyper, plan=None):
     atol, rtol = TOL[dtype]
     r, v, m = token_batch(b, t, path.device, dtype, MASKS[t % 3])
     gamma, lam = _hyper(hyper, b, path.device, 0.97), _hyper(hyper, b, path.device, 0.9)
     before = _unchanged(r, v, m)
-    adv, ret = llm.compute_gae_advantage_return(r, v, m, gamma, lam)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, gamma, lam, plan=plan)
     _check_same(before, [r, v, m])
     e_adv, e_ret, _ = reference.gae(r, v, m, gamma, lam)
     assert_close(ret, e_ret, atol=atol, rtol=rtol, dtype=dtype, device=path.device)
     assert_close(adv, e_adv, atol=atol, rtol=rtol, dtype=dtype, device=path.device)
 
 
-def _rpp_case(path, b, t, dtype, hyper):
+def _rpp_case(path, b, t, dtype, hyper, plan=None):
     atol, rtol = TOL[dtype]
     r, _, m = token_batch(b, t, path.device, dtype, MASKS[t % 3])
     gamma = _hyper(hyper, b, path.device, 0.95)
     before = _unchanged(r, m)
-    adv, ret = llm.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=gamma)
+    adv, ret = llm.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=gamma, plan=plan)
     _check_same(before, [r, m])
     e_adv, e_ret = reference.reinforce_pp(r, m, gamma)
     assert_close(ret, e_ret, atol=atol, rtol=rtol, dtype=dtype, device=path.device)
@@ -84,17 +86,15 @@ def test_gae(path, b, t, dtype, hyper):
 
 
 @pytest.mark.parametrize("b, t, dtype, hyper", SPLIT_CASES)
-def test_gae_split_rows(path, small_blocks, b, t, dtype, hyper):
-    _gae_case(path, b, t, dtype, hyper)
+def test_gae_split_rows(path, b, t, dtype, hyper):
+    _gae_case(path, b, t, dtype, hyper, SMALL_BLOCKS)
 
 
-@pytest.mark.parametrize("form", ["grouped", "descending", "reverse"])
-def test_tile_forms(kernel_path, small_blocks, monkeypatch, form):
-    from rl_triton.llm import _kernels
-
-    monkeypatch.setattr(_kernels, "FORM", form)
-    _gae_case(kernel_path, 2, 150, torch.float32, "per-seq")
-    _rpp_case(kernel_path, 2, 150, torch.float32, "float")
+@pytest.mark.parametrize("form", list(Form), ids=lambda f: f.value)
+def test_tile_forms(kernel_path, form):
+    plan = TokenPlan(block=64, form=form)
+    _gae_case(kernel_path, 2, 150, torch.float32, "per-seq", plan)
+    _rpp_case(kernel_path, 2, 150, torch.float32, "float", plan)
 
 
 @pytest.mark.parametrize("b, t, dtype, hyper", CASES)
@@ -103,8 +103,8 @@ def test_reinforce_pp(path, b, t, dtype, hyper):
 
 
 @pytest.mark.parametrize("b, t, dtype, hyper", SPLIT_CASES)
-def test_reinforce_pp_split_rows(path, small_blocks, b, t, dtype, hyper):
-    _rpp_case(path, b, t, dtype, hyper)
+def test_reinforce_pp_split_rows(path, b, t, dtype, hyper):
+    _rpp_case(path, b, t, dtype, hyper, SMALL_BLOCKS)
 
 
 def test_reinforce_pp_gamma_from_config(path):
@@ -188,21 +188,58 @@ def test_long_row_kernel():
     assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
 
 
-def test_lookback_split(kernel_path, small_blocks, monkeypatch):
+def test_lookback_split(kernel_path):
     """Rows split in time with the one-launch look-back: repeated calls (each with its own flag epoch)."""
-    from rl_triton.llm import _kernels
-
-    monkeypatch.setattr(_kernels, "SPLIT", "lookback")
+    plan = TokenPlan(block=64, split=Split.LOOKBACK)
     for _ in range(2):
-        _gae_case(kernel_path, 3, 300, torch.float32, "per-seq")
-        _rpp_case(kernel_path, 2, 200, torch.float32, "float")
+        _gae_case(kernel_path, 3, 300, torch.float32, "per-seq", plan)
+        _rpp_case(kernel_path, 2, 200, torch.float32, "float", plan)
 
 
-def test_deterministic(kernel_path, small_blocks):
+def test_deterministic(kernel_path):
     r, v, m = token_batch(2, 130, kernel_path.device)
-    a1, r1 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8)
-    a2, r2 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8)
+    a1, r1 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8, plan=SMALL_BLOCKS)
+    a2, r2 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8, plan=SMALL_BLOCKS)
     assert torch.equal(a1, a2) and torch.equal(r1, r2)
+
+
+def test_default_plan():
+    """The chosen plan is today's launch: blocks of 2048 tokens, the grouped form, two passes, whitening fused up
+    to 1024 partials."""
+    for shape, dtype in (((64, 32768), torch.float32), ((3, 5), torch.float64), ((4096, 512), torch.bfloat16)):
+        assert plans.choose(*shape, dtype) == TokenPlan(2048, Form.GROUPED, Split.TWO_PASS, 1024)
+    assert TokenPlan(form="reverse", split="two_pass") == TokenPlan(form=Form.REVERSE)
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(block=48), "power of two"),
+        (dict(block=0), "power of two"),
+        (dict(block=2048.0), "power of two"),
+        (dict(block=8), r"\[16, 8192\]"),
+        (dict(block=16384), r"\[16, 8192\]"),
+        (dict(form="zigzag"), "form must be a Form"),
+        (dict(split="ticket"), "split must be a Split"),
+        (dict(split="lookback", form="descending"), "grouped form only"),
+        (dict(fuse_max=-1), "fuse_max"),
+    ],
+)
+def test_plan_invalid(fields, match):
+    with pytest.raises(ValueError, match=match):
+        TokenPlan(**fields)
+
+
+def test_plan_checked_when_passed(path):
+    r, v, m = token_batch(2, 8, path.device)
+    with pytest.raises(TypeError, match="TokenPlan"):
+        llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8, plan="grouped")
+    with pytest.raises(TypeError, match="TokenPlan"):
+        llm.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.9, plan=(2048, "grouped"))
+    bad = TokenPlan()
+    object.__setattr__(bad, "block", 100)  # a frozen plan altered behind its back is checked again
+    with pytest.raises(ValueError, match="power of two"):
+        llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8, plan=bad)
 
 
 @pytest.mark.cuda

@@ -76,6 +76,60 @@ def test_whiten_needs_two_tokens(path):
         llm.compute_gae_advantage_return(x, x, one, 0.9, 0.9)
     with pytest.raises(ValueError, match="no valid token"):
         llm.compute_reinforce_plus_plus_outcome_advantage(x, none, gamma=0.9)
+    # check=False: no count check (and no host sync), so no error either, whatever the values are then
+    llm.masked_whiten(x, none, check=False)
+    llm.masked_var(x, none, unbiased=False, check=False)
+    llm.masked_whiten(x, one, check=False)
+    llm.compute_gae_advantage_return(x, x, one, 0.9, 0.9, check=False)
+    llm.compute_reinforce_plus_plus_outcome_advantage(x, none, gamma=0.9, check=False)
+
+
+def _whitening_calls(x, v, m, gamma):
+    """Every call that checks the count, as functions of ``check`` returning a tuple of outputs."""
+    return (
+        lambda c: (llm.masked_var(x, m, check=c),),
+        lambda c: (llm.masked_var(x, m, unbiased=False, check=c),),
+        lambda c: (llm.masked_whiten(x, m, check=c), llm.masked_whiten(x, m, shift_mean=False, check=c)),
+        lambda c: llm.compute_gae_advantage_return(x, v, m, gamma, 0.95, check=c),
+        lambda c: llm.compute_reinforce_plus_plus_outcome_advantage(x, m, gamma=gamma, check=c),
+    )
+
+
+def _same(outputs, others):
+    for out, other in zip(outputs, others, strict=True):
+        for a, b in zip(out, other, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_check_false_same_numbers(path):
+    x, v, m = token_batch(4, 37, path.device)
+    calls = _whitening_calls(x, v, m, 0.97)
+    _same([call(True) for call in calls], [call(False) for call in calls])
+    n, mean, m2 = reference.moments(x, m)
+    assert abs(llm.masked_var(x, m, check=False).item() - m2 / (n - 1)) < 1e-4 * m2 / (n - 1)
+
+
+@pytest.mark.cuda
+def test_check_false_no_host_sync():
+    """check=False: the whitening calls read nothing back to the host (so a CUDA graph can capture them)."""
+    x, v, m = token_batch(64, 3000, "cuda")  # two blocks a row: the two-pass split
+    gamma = torch.rand(64, device="cuda") * 0.1 + 0.9
+    calls = _whitening_calls(x, v, m, gamma)
+    checked = [call(True) for call in calls]  # compiles every kernel first
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        unchecked = [call(False) for call in calls]
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    _same(checked, unchecked)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchronizing"):  # the mode catches the checked calls' host read
+            calls[0](True)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def test_local_path_does_not_import_distributed(path, monkeypatch):
@@ -229,12 +283,13 @@ def test_process_group_goes_through_combine_moments(path, monkeypatch):
     assert seen == [group] * 4
 
 
-def test_whiten_with_finalize_launch(kernel_path, monkeypatch):
+def test_whiten_with_finalize_launch(kernel_path):
     """Many partials: a finalize launch combines them before the whitening (instead of every program)."""
     from rl_triton.llm import _kernels
+    from rl_triton.llm.plans import TokenPlan
 
-    monkeypatch.setattr(_kernels, "_FUSE_MAX", 0)
     x, v, m = token_batch(5, 40, kernel_path.device)
-    assert_close(llm.masked_whiten(x, m), reference.masked_whiten(x, m), atol=2e-5, rtol=1e-4)
-    adv, _ = llm.compute_gae_advantage_return(x, v, m, 0.9, 0.8)
+    w, _ = _kernels.whiten(x, _kernels.moments(x, m), True, fuse_max=0)
+    assert_close(w, reference.masked_whiten(x, m), atol=2e-5, rtol=1e-4)
+    adv, _ = llm.compute_gae_advantage_return(x, v, m, 0.9, 0.8, plan=TokenPlan(fuse_max=0))
     assert_close(adv, reference.gae(x, v, m, 0.9, 0.8)[0], atol=2e-5, rtol=1e-4)
