@@ -27,7 +27,6 @@ loops of the formulas.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import random
 import statistics
@@ -218,15 +217,17 @@ def _mask(x, form: str):
     return x["mask"] if form == "primary" else x["mask_verl"]
 
 
-def call(spec: TokenSpec, x, form: str) -> tuple:
-    """Our call of ``spec`` in ``form`` (primary or verl) on ``x``."""
+def call(spec: TokenSpec, x, form: str, check: bool = True) -> tuple:
+    """Our call of ``spec`` in ``form`` (primary or verl) on ``x``. ``check=False``: the estimators that whiten
+    skip their token-count check (a host sync; these masks always hold enough tokens), so the call can be
+    captured in a CUDA graph."""
     from rl_triton import llm as L
 
     m = _mask(x, form)
     if spec.name == "compute_gae_advantage_return":
-        return L.compute_gae_advantage_return(x["r"], x["v"], m, GAMMA, LAM)
+        return L.compute_gae_advantage_return(x["r"], x["v"], m, GAMMA, LAM, check=check)
     if spec.name == "compute_reinforce_plus_plus_outcome_advantage":
-        return L.compute_reinforce_plus_plus_outcome_advantage(x["r"], m, gamma=GAMMA)
+        return L.compute_reinforce_plus_plus_outcome_advantage(x["r"], m, gamma=GAMMA, check=check)
     index = x["index"] if form == "primary" else x["uid"]
     if spec.name == "compute_grpo_outcome_advantage":
         return L.compute_grpo_outcome_advantage(x["r_outcome"], m, index, epsilon=EPSILON)
@@ -241,38 +242,18 @@ def reference(spec: TokenSpec, x: TokenInputs) -> tuple[torch.Tensor, ...]:
         return tuple(o.double() for o in call(spec, _F64(x), "primary"))
 
 
-@contextlib.contextmanager
-def _no_count_check():
-    """rl_triton.llm's whitening reads the token count on the host to raise on fewer than two valid tokens (a
-    sync, as verl's check): that cannot be captured in a CUDA graph. Skipped while capturing; the graph holds
-    every kernel the call launches either way."""
-    try:
-        from rl_triton.llm import functional as LF
-    except ImportError:
-        yield
-        return
-    saved = getattr(LF, "_check_count", None)
-    if saved is not None:
-        LF._check_count = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        if saved is not None:
-            LF._check_count = saved
-
-
-def kernel_us(fn, device: torch.device, budget: timing.Budget, *, ours: bool = False) -> tuple[float, str]:
+def kernel_us(fn, device: torch.device, budget: timing.Budget, *, unchecked=None) -> tuple[float, str]:
     """(µs, how): do_bench of a CUDA-graph replay of ``fn`` (how = "cuda_graph"), or of direct calls when it
-    cannot be captured (how = "direct": host time included). ``ours``: capture with the count check skipped
-    (how = "cuda_graph, count check skipped")."""
+    cannot be captured (how = "direct": host time included). ``unchecked``: the same call with ``check=False``
+    (rl_triton.llm's count check reads the token count on the host, a sync no graph can hold), captured in its
+    place (how = "cuda_graph, count check skipped"); the graph holds every kernel the call launches either way."""
     if device.type != "cuda":
         return timing.kernel_us(fn, device, budget), "cpu"
     import triton.testing
 
     graph, how = None, "cuda_graph"
-    if ours:
-        with _no_count_check():
-            graph = timing._graph_of(fn, device)
+    if unchecked is not None:
+        graph = timing._graph_of(unchecked, device)
         how = "cuda_graph, count check skipped"
     if graph is None:
         graph, how = timing._graph_of(fn, device), "cuda_graph"
@@ -617,7 +598,12 @@ def measure(cfg: Config, opts: B.Options) -> dict:
     try:
         ours = ctx.ours_call_us("primary")
         with torch.no_grad():
-            k_us, how = kernel_us(lambda: call(spec, x, "primary"), opts.device, opts.budget, ours=True)
+            k_us, how = kernel_us(
+                lambda: call(spec, x, "primary"),
+                opts.device,
+                opts.budget,
+                unchecked=lambda: call(spec, x, "primary", check=False),
+            )
         nbytes = spec.nbytes(x)
         copy = timing.copy_gbps(nbytes, opts.device, opts.budget)
         gbps = nbytes / (k_us * 1e-6) / 1e9

@@ -153,6 +153,19 @@ def test_targets():
     assert llm.targets({"function": GRPO, "num_envs": 1024, "seq_len": 1024}) == []
 
 
+def test_call_passes_check():
+    """call(check=False), the call the kernel timing captures in a CUDA graph, skips the estimators' count check
+    (its host sync); the checked call raises on a mask without a valid token."""
+    r = torch.randn(3, 16)
+    x = {"r": r, "v": torch.randn(3, 16), "mask": torch.zeros(3, 16, dtype=torch.bool)}
+    with rl_triton.use_backend("torch"):
+        for name in (GAE, RPP):
+            with pytest.raises(ValueError, match="no valid token"):
+                llm.call(llm.SPECS[name], x, "primary")
+            adv, ret = llm.call(llm.SPECS[name], x, "primary", check=False)
+            assert adv.shape == ret.shape == r.shape
+
+
 @pytest.fixture(scope="module")
 def llm_run():
     with rl_triton.use_backend("torch"):
