@@ -130,6 +130,18 @@ def test_check_false_no_host_sync():
             calls[0](True)
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+    # and so the estimators can be captured in a CUDA graph (warmed up on a side stream first, as captures want)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        calls[3](False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = calls[3](False) + calls[4](False)
+    graph.replay()
+    torch.cuda.synchronize()
+    _same([checked[3] + checked[4]], [captured])
 
 
 def test_local_path_does_not_import_distributed(path, monkeypatch):
