@@ -40,5 +40,14 @@ def test_readme_python_blocks_run(tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for line in ("GAE advantages:", "V-trace targets:", "Retrace Q-targets:", "Prefix sums:", "advantage:", "PPO"):
+    for line in (
+        "GAE advantages:",
+        "V-trace targets:",
+        "Retrace Q-targets:",
+        "Prefix sums:",
+        "per-step gamma:",
+        "token GAE:",
+        "advantage:",
+        "PPO",
+    ):
         assert line in proc.stdout, proc.stdout
