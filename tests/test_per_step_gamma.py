@@ -226,10 +226,11 @@ def _vtrace_loop(r, v, nv, done, term, lpt, lpb, g, rho_bar, c_bar):
 
 
 def _next_data(n, t, device):
+    """(rewards, values, next values, dones, terminateds, target and behaviour log-probs) on ``device``."""
     r, v, nv, lpt, lpb = (torch.randn(n, t, dtype=torch.float64) for _ in range(5))
     done = torch.rand(n, t) < 0.2
     term = done & (torch.rand(n, t) < 0.5)
-    return r, v, nv, done, term, 0.5 * lpt, 0.5 * lpb
+    return tuple(x.to(device) for x in (r, v, nv, done, term, 0.5 * lpt, 0.5 * lpb))
 
 
 @pytest.mark.parametrize("targets", [False, True])
@@ -266,6 +267,9 @@ def test_returns_with_advantages(path, form):
     lam = discounts((3, 15), "step", path.device, torch.float64) if form == "tdlambda" else 1.0
     extra = {"next_values": nv} if form == "tdlambda" else {}
     got, adv = returns_with_advantages(r, v, term, done, gamma=g, lambda_=lam, bootstrap_values=nv, **extra)
+    assert got.device == adv.device == r.device
+    cpu = lambda x: x.cpu() if isinstance(x, torch.Tensor) else x  # noqa: E731 - the loop references run on the CPU
+    r, nv, term, done, g, lam = map(cpu, (r, nv, term, done, g, lam))
     if form == "tdlambda":
         want = reference.compute_lambda_returns(r, nv, term, done, gamma=g, lambda_=lam, bootstrap_values=nv)
     else:
@@ -280,9 +284,13 @@ def test_rows_form(path):
     g = discounts((4, 7), "step", path.device, torch.float64)
     shaped = [x.reshape(2, 2, 7, 1) for x in (r, v, nv, term, done)]
     adv, tgt = gae_with_next_values(*shaped, gamma=g, lambda_=0.9, targets=True, rows=(4, 7))
-    assert adv.shape == (2, 2, 7, 1)
+    assert adv.shape == tgt.shape == (2, 2, 7, 1) and adv.device == r.device
     want = gae_with_next_values(r, v, nv, term, done, gamma=g, lambda_=0.9)
     torch.testing.assert_close(adv.reshape(4, 7), want, atol=0, rtol=0)
+    lam = torch.full((4, 7), 0.9, dtype=torch.float64)
+    loop = _gae_loop(*(x.cpu() for x in (r, v, nv, done, term, g)), lam)
+    torch.testing.assert_close(adv.reshape(4, 7).cpu(), loop, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(tgt.reshape(4, 7), adv.reshape(4, 7) + v, atol=1e-12, rtol=1e-12)
 
 
 # ------------------------------------------------------------------------------------------
