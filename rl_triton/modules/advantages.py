@@ -228,12 +228,14 @@ class _RLTritonEstimator(CachedScalars):
         None: expanded to ``like``'s shape). None when one of them cannot go (TorchRL's path then)."""
         out = []
         for name in names:
+            buf = self._buffers.get(name)
+            if buf is not None and buf.requires_grad:  # checked before any move: a copy made under no_grad has lost it
+                return None
             if name == "gamma" and steps is not None:
                 value = discount_rows(self._torchrl_gamma(steps_reward, steps), like.shape, time_dim, like.dtype)
             else:
                 value = self._scalar(name)
                 if value is None:
-                    buf = self._buffers.get(name)
                     if buf is not None:
                         value = discount_rows(_buffer_on(buf, like.device), like.shape, time_dim, like.dtype)
                 elif not 0.0 <= value <= 1.0:

@@ -148,8 +148,13 @@ def test_fallbacks(path, name, rl_triton_calls):
     td = rollout(BATCH, device=path.device, values=True)
     kw = {"vectorized": False} if name == "TDLambda" else {}
     if name == "GAE":  # TorchRL's TD estimators copy a tensor gamma (torch.tensor(gamma)): no grad left
+        # GAE keeps gamma.to(default device): on CUDA a CPU buffer that TorchRL moves back under no_grad
         grad = _unit((3, 13, 1), path.device).requires_grad_(True)
         ours, ref, *_ = run_pair(cls, ref_cls, td, gamma=grad, lmbda=0.9, value_network=None, **kw)
+        assert_td_close(ours, ref)
+        steps = td.clone()  # gamma ** steps_to_next_obs of a gamma that requires grad
+        steps.set("steps_to_next_obs", torch.randint(1, 4, (*BATCH, 1), device=path.device))
+        ours, ref, *_ = run_pair(cls, ref_cls, steps, gamma=grad, lmbda=0.9, value_network=None, **kw)
         assert_td_close(ours, ref)
     wide = _unit((3, 13, 1), path.device).double()  # TorchRL's dtype rules decide the outputs' dtype
     ours, ref, *_ = run_pair(cls, ref_cls, td, gamma=wide, lmbda=0.9, value_network=None, **kw)
