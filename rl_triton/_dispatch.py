@@ -64,11 +64,6 @@ def use_kernels(device: torch.device, device_type: str | None = None) -> bool:
 
 _grad_enabled = torch.is_grad_enabled
 
-# Whether the kernel launchers (kernels/launch.py) take per-env / per-step gamma and lambda_: the (N, T) views
-# of _validation.per_step_view, in the same argument positions as the floats (_validation.kernel_discount
-# gives the pointer, strides and float a kernel needs). False: run() sends such calls to the PyTorch path.
-KERNELS_READ_DISCOUNTS = False
-
 
 def launchable(e: Entry | None, tensors: tuple, diff_at: tuple[int, ...]) -> bool:
     """Whether a call whose validation cache entry is ``e`` (None: a miss) can go straight to the launch:
@@ -116,11 +111,6 @@ def run(
     if p.empty:
         return tuple(p.new_output() for _ in range(n_out))
     kernels = use_kernels(p.device, p.device_type or None)
-    if kernels and "per_step" in scalars and not KERNELS_READ_DISCOUNTS:
-        # TENSOR GAMMA/LAMBDA: the kernels do not read them yet. Calls with a per-env or per-step gamma or
-        # lambda_ (_validation.per_step) take the PyTorch path on every device (it runs CUDA tensors too), so
-        # their results are right everywhere; the kernel launchers will get them here once they read them.
-        kernels = False
     grad = kernels and _needs_grad(p.tensors, differentiable)
     if p.time_major and (grad or not kernels):
         # the PyTorch forms (and autograd's backward) take contiguous rows; the kernel reads the

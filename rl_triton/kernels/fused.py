@@ -11,7 +11,10 @@ no register shift across a tile, so those kernels scan (inclusive, exclusive) pa
 (:func:`core.scan_chunk_next`), which gives ``x_t`` and ``x_{t+1}`` at slot ``t`` from one prologue.
 
 ``N`` and the hyper-parameters are not specialised on, so a gamma schedule or a new number of envs
-does not recompile. ``T`` is specialised the way Triton does by default (``T == 1``, ``T % 16 == 0``):
+does not recompile. A per-env or per-step gamma or lambda_ (docs/semantics.md) comes as a pointer and the
+strides of its (N, T) view, read at each slot by :func:`discount`, so new values do not recompile either; a
+constexpr per discount (G_TENSOR, L_TENSOR) says which, so a float call compiles to the code it had before
+tensors were taken. ``T`` is specialised the way Triton does by default (``T == 1``, ``T % 16 == 0``):
 a row length that is a multiple of 16 makes every row 16-byte aligned, which Triton must know to
 vectorise the loads; without it the kernels ran at half the speed (docs/performance.md).
 So a size class is a power-of-two bucket of ``T`` plus whether ``T`` is a multiple of 16.
@@ -68,26 +71,41 @@ def next_value(p_v, p_boot, off, m, q_bnd, b_boot, NEXT_ALL: tl.constexpr, ACC: 
     return tl.where(q_bnd, b_boot, b_v1)
 
 
+@triton.jit
+def discount(x, p, s_n, s_t, o_n, o_t, m, TENSOR: tl.constexpr, ACC: tl.constexpr):
+    """gamma_t or lambda_t at the tile's slots: with TENSOR the (N, T) view's element of env n at step t, at
+    p + n s_n + t s_t (a per-env tensor has s_t = 0), in ACC; else the scalar x of a float call, unchanged."""
+    if TENSOR:
+        x = tl.load(p + o_n.to(tl.int64) * s_n + o_t.to(tl.int64) * s_t, mask=m, other=0).to(ACC)
+    return x
+
+
 # Each algorithm below is a prologue, an epilogue and a kernel that hands them to core.scan_rows (the
 # interfaces are in its docstring). ins/outs/hp are tuples, K a tuple of the algorithm's constexprs.
 
 
 @triton.jit
 def gae_scalars(hp, ACC: tl.constexpr):
-    """(gamma, gamma lambda)."""
+    """(gamma, gamma lambda, lambda): the last for a tensor gamma or lambda_ (unused, so dropped, otherwise)."""
     gamma = hp_scalar(hp[0], hp[1], ACC)
-    return gamma, gamma * hp_scalar(hp[2], hp[3], ACC)
+    lmbda = hp_scalar(hp[2], hp[3], ACC)
+    return gamma, gamma * lmbda, lmbda
 
 
 @triton.jit
 def gae_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC: tl.constexpr):
-    """GAE: a_t = gamma lambda (0 at done steps), b_t = delta_t."""
+    """GAE: a_t = gamma_t lambda_t (0 at done steps), b_t = delta_t."""
     HAS_TRUNC: tl.constexpr = K[0]
     HAS_BOOT: tl.constexpr = K[1]
     HAS_LAST: tl.constexpr = K[2]
     NEXT_ALL: tl.constexpr = K[3]
-    p_r, p_v, p_term, p_trunc, p_boot, p_last = ins
-    gamma, gl = hps
+    G_TENSOR: tl.constexpr = K[5]
+    L_TENSOR: tl.constexpr = K[6]
+    p_r, p_v, p_term, p_trunc, p_boot, p_last, p_g, g_sn, g_st, p_l, l_sn, l_st = ins
+    gamma, gl, lmbda = hps
+    if G_TENSOR or L_TENSOR:
+        gamma = discount(gamma, p_g, g_sn, g_st, o_n, o_t, m, G_TENSOR, ACC)
+        gl = gamma * discount(lmbda, p_l, l_sn, l_st, o_n, o_t, m, L_TENSOR, ACC)
     q_term, q_trunc, q_bnd, b_boot = step_context(
         p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
     )
@@ -122,7 +140,8 @@ def gae_kernel(
     p_adv,  # [N, T] output advantages
     p_tgt,  # [N, T] output value targets A_t + V(s_t) (if TARGET)
     N, T,  # envs, steps
-    gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,  # hyper-parameters as float32 hi/lo halves
+    # gamma and lambda: float32 hi/lo halves of a float; a tensor's (N, T) view and its strides (G_TENSOR, L_TENSOR)
+    gamma_hi, gamma_lo, p_gamma, gamma_sn, gamma_st, lmbda_hi, lmbda_lo, p_lmbda, lmbda_sn, lmbda_st,
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block: aggregates, flags (core.lookback), blocks, chunks/block
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr,
     NEXT_ALL: tl.constexpr,  # v_next_t = p_boot[t] at every step (TorchRL's ("next", value) form)
@@ -137,11 +156,14 @@ def gae_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; plans.row_div)
     TM: tl.constexpr = 0,  # time-major rows (core.time_stride; Plan.env_div)
     WHOLE: tl.constexpr = False,  # T a multiple of BT, rows of whole chunks (core.chunk; Plan.whole)
+    G_TENSOR: tl.constexpr = False,  # gamma is the tensor at p_gamma (discount), not the float gamma_hi + gamma_lo
+    L_TENSOR: tl.constexpr = False,  # lambda likewise
 ):  # fmt: skip
     core.scan_rows(
-        (p_r, p_v, p_term, p_trunc, p_boot, p_last), (p_adv, p_tgt), (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo), N, T,
+        (p_r, p_v, p_term, p_trunc, p_boot, p_last, p_gamma, gamma_sn, gamma_st, p_lmbda, lmbda_sn, lmbda_st),
+        (p_adv, p_tgt), (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo), N, T,
         p_agg_a, p_agg_b, p_flag, NK, CPB, gae_scalars, gae_prologue, gae_epilogue,
-        (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, TARGET),
+        (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, TARGET, G_TENSOR, L_TENSOR),
         PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE,
     )  # fmt: skip
 
@@ -155,8 +177,10 @@ def vtrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC
     HAS_BOOT: tl.constexpr = K[1]
     HAS_LAST: tl.constexpr = K[2]
     NEXT_ALL: tl.constexpr = K[3]
-    p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last = ins
+    G_TENSOR: tl.constexpr = K[4]
+    p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, p_g, g_sn, g_st = ins
     gamma, rho_bar, c_bar = hps
+    gamma = discount(gamma, p_g, g_sn, g_st, o_n, o_t, m, G_TENSOR, ACC)
     q_term, q_trunc, q_bnd, b_boot = step_context(
         p_term, p_trunc, p_boot, p_last, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, HAS_LAST, ACC
     )
@@ -171,7 +195,7 @@ def vtrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC
     b_c = tl.where(b_ratio < c_bar, b_ratio, c_bar)
     b_a = tl.where(q_term | q_trunc, 0.0, gamma * b_c)
     b_b = b_rho * (b_r + gamma * b_vnext - b_v)  # v_next (0 at terminated steps) stands for (1 - term) v_next
-    ctx = (b_rho, b_r, b_v, q_bnd | q_term, b_vnext)
+    ctx = (b_rho, b_r, b_v, q_bnd | q_term, b_vnext, gamma)
     return tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), ctx
 
 
@@ -179,8 +203,7 @@ def vtrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC
 def vtrace_epilogue(outs, ins, hps, ctx, b_d, b_d1, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
     NEXT_ALL: tl.constexpr = K[3]
     p_vs, p_adv = outs
-    b_rho, b_r, b_v, q_bnd, b_vnext = ctx
-    gamma = hps[0]
+    b_rho, b_r, b_v, q_bnd, b_vnext, gamma = ctx  # gamma: the scalar, or gamma_t at the slots
     if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
         b_v1 = tl.load(ins[3] + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
     else:
@@ -201,7 +224,8 @@ def vtrace_kernel(
     p_vs,  # [N, T] output v-trace targets
     p_adv,  # [N, T] output policy-gradient advantages
     N, T,
-    gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo,
+    gamma_hi, gamma_lo, p_gamma, gamma_sn, gamma_st,  # gamma: a float's halves or a tensor (see gae_kernel)
+    rho_hi, rho_lo, c_hi, c_lo,
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr, HAS_LAST: tl.constexpr, NEXT_ALL: tl.constexpr,
     PHASE: tl.constexpr, ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
@@ -211,11 +235,12 @@ def vtrace_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
+    G_TENSOR: tl.constexpr = False,  # a tensor gamma: see gae_kernel
 ):  # fmt: skip
     core.scan_rows(
-        (p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last), (p_vs, p_adv),
+        (p_lpt, p_lpb, p_r, p_v, p_term, p_trunc, p_boot, p_last, p_gamma, gamma_sn, gamma_st), (p_vs, p_adv),
         (gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB,
-        core.hp_scalars, vtrace_prologue, vtrace_epilogue, (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL),
+        core.hp_scalars, vtrace_prologue, vtrace_epilogue, (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, G_TENSOR),
         PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE,
         REVERSE=True, NEXT=True, FULL=WHOLE,  # not EXACT_T: core.env_block
     )  # fmt: skip
@@ -275,8 +300,11 @@ def retrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, AC
     HAS_TRUNC: tl.constexpr = K[3]
     SHIFT: tl.constexpr = K[4]
     PI_TILE: tl.constexpr = K[5]
-    p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc = ins
+    G_TENSOR: tl.constexpr = K[6]
+    L_TENSOR: tl.constexpr = K[7]
+    p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, p_g, g_sn, g_st, p_l, l_sn, l_st = ins
     gamma, lmbda, c_bar, rho_bar = hps
+    gamma = discount(gamma, p_g, g_sn, g_st, o_n, o_t, m, G_TENSOR, ACC)
     q_term, q_trunc, q_bnd, _ = step_context(
         p_term, p_trunc, p_term, p_term, off, o_t, o_t, m, m, T, HAS_TRUNC, False, False, ACC
     )
@@ -295,14 +323,16 @@ def retrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, AC
     # c_{t+1}; zero past the last step. min(ratio, c_bar) as a select: c_bar for a NaN ratio (an action out of
     # range) on every backend, as tl.minimum gives on the GPU, so that the coefficient stays finite.
     m1 = m & (o_t + 1 < T)
-    if SHIFT:
-        b_c1 = tl.where(m1, _env_next(lmbda * tl.where(b_ratio < c_bar, b_ratio, c_bar)), 0.0)
+    if SHIFT:  # lambda_t's tile shifts with the ratio's: lambda_{t+1} at slot t
+        b_lmbda = discount(lmbda, p_l, l_sn, l_st, o_n, o_t, m, L_TENSOR, ACC)
+        b_c1 = tl.where(m1, _env_next(b_lmbda * tl.where(b_ratio < c_bar, b_ratio, c_bar)), 0.0)
     else:
         b_act1 = tl.load(p_act + off + ST, mask=m1, other=0)
         m_act1 = m1 & (b_act1 >= 0) & (b_act1 < A)
         b_pi1 = tl.load(p_pt + (off + ST) * A + b_act1, mask=m_act1, other=float("nan")).to(ACC)
         b_ratio1 = b_pi1 / tl.load(p_pb + off + ST, mask=m1, other=1).to(ACC)
-        b_c1 = tl.where(m1, lmbda * tl.where(b_ratio1 < c_bar, b_ratio1, c_bar), 0.0)
+        b_lmbda1 = discount(lmbda, p_l, l_sn, l_st, o_n, o_t + 1, m1, L_TENSOR, ACC)  # lambda_{t+1}
+        b_c1 = tl.where(m1, b_lmbda1 * tl.where(b_ratio1 < c_bar, b_ratio1, c_bar), 0.0)
     # E_t = sum_a w[t, a] Q(s_{t+1}, a), from [..., W] tiles: the A actions of a step are contiguous, so
     # the rows load as vectors (A is a constexpr); a loop over actions loaded every A-th element instead.
     # PIECES: one tile per binary digit of A (18 = 16 + 2), no padded lanes; else one tile of AP.
@@ -317,7 +347,7 @@ def retrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, AC
     b_a = tl.where(q_term | q_trunc, 0.0, gamma * b_c1)
     b_e = tl.where(q_term, 0.0, b_e)
     b_b = b_r + gamma * b_e - b_q  # E_t (0 at terminated steps) stands for (1 - term) E_t
-    ctx = (b_rho, b_r, b_q, q_bnd | q_term, b_e)
+    ctx = (b_rho, b_r, b_q, q_bnd | q_term, b_e, gamma)
     return tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), ctx
 
 
@@ -325,8 +355,7 @@ def retrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, AC
 def retrace_epilogue(outs, ins, hps, ctx, b_d, b_d1, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
     SHIFT: tl.constexpr = K[4]
     p_qt, p_adv = outs
-    b_rho, b_r, b_q, q_bnd, b_e = ctx
-    gamma = hps[0]
+    b_rho, b_r, b_q, q_bnd, b_e, gamma = ctx  # gamma: the scalar, or gamma_t at the slots
     if SHIFT:  # q_{t+1} from registers (used only where t is no boundary, so t + 1 < T)
         b_q1 = _env_next(b_q)
     else:
@@ -362,7 +391,9 @@ def retrace_kernel(
     p_qt,  # [N, T] output Q targets
     p_adv,  # [N, T] output advantages
     N, T,
-    gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo,
+    gamma_hi, gamma_lo, p_gamma, gamma_sn, gamma_st,  # gamma and lambda: a float's halves or a tensor (gae_kernel)
+    lmbda_hi, lmbda_lo, p_lmbda, lmbda_sn, lmbda_st,
+    c_hi, c_lo, rho_hi, rho_lo,
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     A: tl.constexpr,  # number of actions
     AP: tl.constexpr,  # A rounded up to a power of two (the action axis of the tiles)
@@ -379,27 +410,35 @@ def retrace_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows, [T, N, A] per-action tensors read as (N, T, A) views: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
+    G_TENSOR: tl.constexpr = False,  # tensor gamma, lambda: see gae_kernel
+    L_TENSOR: tl.constexpr = False,
 ):  # fmt: skip
     tl.static_assert(FORM == ENV_GROUPS or not SHIFT, "SHIFT: env-major rows of one chunk")
     core.scan_rows(
-        (p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc), (p_qt, p_adv),
+        (p_pt, p_w, p_pb, p_q, p_nq, p_act, p_r, p_term, p_trunc, p_gamma, gamma_sn, gamma_st, p_lmbda, lmbda_sn,
+         lmbda_st), (p_qt, p_adv),
         (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo, c_hi, c_lo, rho_hi, rho_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB,
         core.hp_scalars, retrace_prologue, retrace_epilogue,
-        (A, AP, PIECES, HAS_TRUNC, SHIFT, PI_TILE), PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE,
+        (A, AP, PIECES, HAS_TRUNC, SHIFT, PI_TILE, G_TENSOR, L_TENSOR), PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T,
+        TDIV, TM, WHOLE,
         REVERSE=True, NEXT=True, FULL=WHOLE,  # not EXACT_T: core.env_block
     )  # fmt: skip
 
 
 @triton.jit
 def returns_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC: tl.constexpr):
-    """TD(lambda) returns: a_t = gamma lambda (0 at done steps and boundaries), b_t = r_t + gamma X_t with
-    X_t the bootstrap part of the return's target."""
+    """TD(lambda) returns: a_t = gamma_t lambda_t (0 at done steps and boundaries), b_t = r_t + gamma_t X_t
+    with X_t the bootstrap part of the return's target."""
     HAS_NV: tl.constexpr = K[0]
     HAS_TRUNC: tl.constexpr = K[1]
     HAS_BOOT: tl.constexpr = K[2]
     EXACT_T: tl.constexpr = K[4]
-    p_r, p_nv, p_term, p_trunc, p_boot, p_v = ins
+    G_TENSOR: tl.constexpr = K[5]
+    L_TENSOR: tl.constexpr = K[6]
+    p_r, p_nv, p_term, p_trunc, p_boot, p_v, p_g, g_sn, g_st, p_l, l_sn, l_st = ins
     gamma, lmbda = hps
+    gamma = discount(gamma, p_g, g_sn, g_st, o_n, o_t, m, G_TENSOR, ACC)
+    lmbda = discount(lmbda, p_l, l_sn, l_st, o_n, o_t, m, L_TENSOR, ACC)
     q_term, q_trunc, q_bnd, b_boot = step_context(
         p_term, p_trunc, p_boot, p_boot, off, o_n, o_t, m, m_n, T, HAS_TRUNC, HAS_BOOT, False, ACC
     )
@@ -445,7 +484,8 @@ def returns_kernel(
     p_g,  # [N, T] output returns
     p_adv,  # [N, T] output advantages G_t - V(s_t) (if ADV)
     N, T,
-    gamma_hi, gamma_lo, lmbda_hi, lmbda_lo,
+    gamma_hi, gamma_lo, p_gamma, gamma_sn, gamma_st,  # gamma and lambda: a float's halves or a tensor (gae_kernel)
+    lmbda_hi, lmbda_lo, p_lmbda, lmbda_sn, lmbda_st,
     p_agg_a, p_agg_b, p_flag, NK, CPB,  # multi-block (see gae_kernel)
     HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
     ADV: tl.constexpr,  # also store the advantages
@@ -456,12 +496,15 @@ def returns_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
+    G_TENSOR: tl.constexpr = False,  # tensor gamma, lambda: see gae_kernel
+    L_TENSOR: tl.constexpr = False,
 ):  # fmt: skip
     """TD(lambda) returns; with lambda = 1 and no next values, discounted returns."""
     core.scan_rows(
-        (p_r, p_nv, p_term, p_trunc, p_boot, p_v), (p_g, p_adv), (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo), N, T,
+        (p_r, p_nv, p_term, p_trunc, p_boot, p_v, p_gamma, gamma_sn, gamma_st, p_lmbda, lmbda_sn, lmbda_st),
+        (p_g, p_adv), (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo), N, T,
         p_agg_a, p_agg_b, p_flag, NK, CPB, core.hp_scalars, returns_prologue, returns_epilogue,
-        (HAS_NV, HAS_TRUNC, HAS_BOOT, ADV, EXACT_T),
+        (HAS_NV, HAS_TRUNC, HAS_BOOT, ADV, EXACT_T, G_TENSOR, L_TENSOR),
         PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE,
     )  # fmt: skip
 

@@ -20,6 +20,7 @@ import torch
 import triton.language as tl
 
 from .. import _config
+from .._validation import kernel_discount
 from . import core, fused, plans
 from .plans import Form, Phase, Plan, Split
 
@@ -392,11 +393,52 @@ COMPILED: dict = {}
 
 
 def _bootstrap_flags(t: dict, p, next_all: bool, **extra):
-    """The constexprs of GAE's and V-trace's kernels, which take the same optional inputs."""
+    """The constexprs of GAE's and V-trace's kernels, which take the same optional inputs (``extra``: the
+    kernel's own, its discounts' G_TENSOR, L_TENSOR among them)."""
     return lambda: dict(
         HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
         HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, **extra, ACC=_acc(p.dtype),
     )  # fmt: skip
+
+
+def _tensors(gamma, lambda_=None) -> dict:
+    """G_TENSOR and L_TENSOR: which discounts are tensors (the kernels read them at every step)."""
+    return dict(G_TENSOR=isinstance(gamma, torch.Tensor), L_TENSOR=isinstance(lambda_, torch.Tensor))
+
+
+def _disc(x, dummy: torch.Tensor) -> tuple:
+    """gamma or lambda_ as the kernels take it: ``(hi, lo, pointer, stride_n, stride_t)``; a float's halves
+    (:func:`hp`) and ``dummy``, a valid pointer that the kernel never reads, or a tensor's (N, T) view
+    (``_validation.kernel_discount``) and its strides."""
+    if isinstance(x, torch.Tensor):
+        view, _, s_n, s_t = kernel_discount(x)
+        return 0.0, 0.0, view, s_n, s_t
+    hi, lo = hp(x)
+    return hi, lo, dummy, 0, 0
+
+
+def _int_class(x: int) -> tuple:
+    """What Triton specialises an int argument on (1, multiples of 16, 64-bit)."""
+    return x == 1, x % 16 == 0, not -(2**31) <= x < 2**31
+
+
+def _disc_key(x) -> tuple | None:
+    """What a tensor gamma/lambda_ adds to a launch's compiled signature (dtype, 16-byte alignment, the
+    strides' int classes), so that its cached launch is only reused where Triton would reuse the kernel;
+    None for a float."""
+    if not isinstance(x, torch.Tensor):
+        return None
+    s_n, s_t = x.stride()
+    return x.dtype, x.data_ptr() % 16 == 0, _int_class(s_n), _int_class(s_t)
+
+
+def _key(key: tuple, *discounts) -> tuple:
+    """The launch key of a call: ``key`` for float discounts (the key the fast paths look up), else ``key``
+    extended by each discount's :func:`_disc_key`. A float and a tensor call of one signature share a cache
+    entry, so the float key must never hold a tensor kernel."""
+    if all(not isinstance(x, torch.Tensor) for x in discounts):
+        return key
+    return (*key, *(_disc_key(x) for x in discounts))
 
 
 # The kernels' argument tuples, from the call's tensors: shared by the launchers below (a call prepared by
@@ -405,17 +447,17 @@ def _bootstrap_flags(t: dict, p, next_all: bool, **extra):
 # valid pointer (the first input) that the kernel never reads.
 
 
-def gae_args(r, v, term, trunc, boot, last, out, tgt, n: int, t: int, gamma: float, lambda_: float) -> tuple:
+def gae_args(r, v, term, trunc, boot, last, out, tgt, n: int, t: int, gamma, lambda_) -> tuple:
     return (
         r, v, term, r if trunc is None else trunc, r if boot is None else boot, r if last is None else last, out,
-        tgt, n, t, *hp(gamma), *hp(lambda_),
+        tgt, n, t, *_disc(gamma, r), *_disc(lambda_, r),
     )  # fmt: skip
 
 
 def vtrace_args(lpi, lmu, v, r, term, trunc, boot, last, vs, adv, n: int, t: int, gamma, rho_bar, c_bar) -> tuple:
     return (
         lpi, lmu, v, r, term, r if trunc is None else trunc, r if boot is None else boot, r if last is None else last,
-        vs, adv, n, t, *hp(gamma), *hp(rho_bar), *hp(c_bar),
+        vs, adv, n, t, *_disc(gamma, r), *hp(rho_bar), *hp(c_bar),
     )  # fmt: skip
 
 
@@ -424,14 +466,15 @@ def retrace_args(
 ) -> tuple:  # fmt: skip
     return (
         probs, probs if next_probs is None else next_probs, mu, q, next_q, actions, r, term,
-        probs if trunc is None else trunc, qt, adv, n, t, *hp(gamma), *hp(lambda_), *hp(c_bar), *hp(rho_bar),
+        probs if trunc is None else trunc, qt, adv, n, t, *_disc(gamma, r), *_disc(lambda_, r), *hp(c_bar),
+        *hp(rho_bar),
     )  # fmt: skip
 
 
-def returns_args(r, nv, term, trunc, boot, v, out, adv, n: int, t: int, gamma: float, lambda_: float) -> tuple:
+def returns_args(r, nv, term, trunc, boot, v, out, adv, n: int, t: int, gamma, lambda_) -> tuple:
     return (
         r, r if nv is None else nv, term, r if trunc is None else trunc, r if boot is None else boot,
-        r if v is None else v, out, adv, n, t, *hp(gamma), *hp(lambda_),
+        r if v is None else v, out, adv, n, t, *_disc(gamma, r), *_disc(lambda_, r),
     )  # fmt: skip
 
 
@@ -439,9 +482,10 @@ def forward_args(x, dones, seed, out, n: int, t: int, scale: float) -> tuple:
     return (x, dones, x if seed is None else seed, out, n, t, *hp(scale))
 
 
-def gae(p, gamma: float, lambda_: float, next_all: bool = False, target: bool = False, plan: Plan | None = None):
+def gae(p, gamma, lambda_, next_all: bool = False, target: bool = False, plan: Plan | None = None):
     """GAE's advantages; with ``target``, ``(advantages, advantages + values)`` from the same launch (the
-    value targets rounded as the separate add would round them)."""
+    value targets rounded as the separate add would round them). ``gamma``, ``lambda_`` (here and in the other
+    launchers): a float, or the (N, T) view of a per-env or per-step tensor (``_validation.per_step_view``)."""
     t = p.tensors
     out = p.new_output()
     tgt = p.new_output() if target else out
@@ -449,23 +493,24 @@ def gae(p, gamma: float, lambda_: float, next_all: bool = False, target: bool = 
         t["rewards"], t["values"], t["terminateds"], t.get("truncateds"), t.get("bootstrap_values"),
         t.get("last_value"), out, tgt, p.num_envs, p.seq_len, gamma, lambda_,
     )  # fmt: skip
-    flags = _bootstrap_flags(t, p, next_all, TARGET=target)
-    _start(p, "gae", fused.gae_kernel, ("gae", next_all, target), flags, args, plan)
+    flags = _bootstrap_flags(t, p, next_all, TARGET=target, **_tensors(gamma, lambda_))
+    _start(p, "gae", fused.gae_kernel, _key(("gae", next_all, target), gamma, lambda_), flags, args, plan)
     return (out, tgt) if target else out
 
 
-def vtrace(p, gamma: float, rho_bar: float, c_bar: float, next_all: bool = False, plan: Plan | None = None):
+def vtrace(p, gamma, rho_bar: float, c_bar: float, next_all: bool = False, plan: Plan | None = None):
     t = p.tensors
     vs, adv = p.new_output(), p.new_output()
     args = vtrace_args(
         t["log_pi_target"], t["log_pi_behavior"], t["values"], t["rewards"], t["terminateds"], t.get("truncateds"),
         t.get("bootstrap_values"), t.get("last_value"), vs, adv, p.num_envs, p.seq_len, gamma, rho_bar, c_bar,
     )  # fmt: skip
-    _start(p, "vtrace", fused.vtrace_kernel, ("vtrace", next_all), _bootstrap_flags(t, p, next_all), args, plan)
+    flags = _bootstrap_flags(t, p, next_all, G_TENSOR=isinstance(gamma, torch.Tensor))
+    _start(p, "vtrace", fused.vtrace_kernel, _key(("vtrace", next_all), gamma), flags, args, plan)
     return vs, adv
 
 
-def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float, plan: Plan | None = None):
+def retrace(p, gamma, lambda_, c_bar: float, rho_bar: float, plan: Plan | None = None):
     t = p.tensors
     probs = t["action_probs_target"]
     qt, adv = p.new_output(), p.new_output()
@@ -474,18 +519,19 @@ def retrace(p, gamma: float, lambda_: float, c_bar: float, rho_bar: float, plan:
     def flags():
         # pi(a_t | s_t) comes from the weights tile only where the weights are the target probabilities
         return dict(A=p.num_actions, AP=plans.pow2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None,
-                    ACC=_acc(p.dtype), **({"PI_TILE": False} if given_next else {}))  # fmt: skip
+                    ACC=_acc(p.dtype), **({"PI_TILE": False} if given_next else {}),
+                    **_tensors(gamma, lambda_))  # fmt: skip
 
     args = retrace_args(
         probs, t.get("next_action_probs_target"), t["action_probs_behavior"], t["q_values"], t["next_q_values_all"],
         t["actions"], t["rewards"], t["terminateds"], t.get("truncateds"), qt, adv, p.num_envs, p.seq_len, gamma,
         lambda_, c_bar, rho_bar,
     )  # fmt: skip
-    _start(p, "retrace", fused.retrace_kernel, ("retrace",), flags, args, plan)
+    _start(p, "retrace", fused.retrace_kernel, _key(("retrace",), gamma, lambda_), flags, args, plan)
     return qt, adv
 
 
-def returns(p, gamma: float, lambda_: float, adv: bool = False, plan: Plan | None = None):
+def returns(p, gamma, lambda_, adv: bool = False, plan: Plan | None = None):
     """Discounted or TD(lambda) returns; with ``adv``, ``(returns, returns - values)`` from the same launch (the
     advantages rounded as the separate subtraction would round them)."""
     t = p.tensors
@@ -495,14 +541,15 @@ def returns(p, gamma: float, lambda_: float, adv: bool = False, plan: Plan | Non
 
     def flags():
         return dict(HAS_NV=has_nv, HAS_TRUNC=t.get("truncateds") is not None,
-                    HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype))  # fmt: skip
+                    HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype),
+                    **_tensors(gamma, lambda_))  # fmt: skip
 
     args = returns_args(
         t["rewards"], t.get("next_values"), t["terminateds"], t.get("truncateds"), t.get("bootstrap_values"),
         t.get("values"), out, advantages, p.num_envs, p.seq_len, gamma, lambda_,
     )  # fmt: skip
     kind = "returns_nv" if has_nv else "returns"
-    _start(p, kind, fused.returns_kernel, ("returns", adv), flags, args, plan)
+    _start(p, kind, fused.returns_kernel, _key(("returns", adv), gamma, lambda_), flags, args, plan)
     return (out, advantages) if adv else out
 
 
