@@ -1,18 +1,19 @@
 """Triton kernels of :mod:`rl_triton.llm` and their launchers.
 
-* ``_token_scan_grouped_kernel`` (the default form) and ``_token_scan_kernel`` (plain tiles): masked GAE
-  (MODE 0) or REINFORCE++ returns (MODE 1) as one scan over each row, plus the partial moments of the scanned
-  state that the whitening needs. GAE's skip-mask recursion is linear in the state (L, nv): a valid token maps
-  it to ``(γλ L + γ nv + r − V, V)``, a masked one leaves it alone, so every step is an affine map
-  ``L' = p L + q nv + b1, nv' = rr nv + b2`` and so is any composition of steps (``_gae_combine``). REINFORCE++
-  is the scalar map ``G' = γ m_{t+1} G + r`` (``_lin_combine``). Rows longer than one block of ``BT`` tokens
-  are split in time: PHASE 1 stores each block's composed map, PHASE 2 folds the maps of the blocks after
-  it (a scan over at most ``NBP`` maps) into the state entering the block and rescans it from there.
-* ``_moments_kernel`` / ``_finalize_kernel``: per-program (count, sum, M2) of the valid entries, then their
-  combination by one program in a fixed order (deterministic, no atomics).
-* ``_whiten_kernel``: ``(x − μ)·rsqrt(σ² + 1e-8)``, combining the partial moments itself when there are few
-  (no finalize launch), or reading (count, mean, M2) from device memory (so the statistics of several ranks can
-  be combined in between without a host sync).
+* ``_token_scan_grouped_kernel``: masked GAE (MODE 0) or REINFORCE++ returns (MODE 1) as one scan over each
+  row, plus the partial moments of the scanned state that the whitening needs. GAE's skip-mask recursion is
+  linear in the state (L, nv): a valid token maps it to ``(γλ L + γ nv + r − V, V)``, a masked one leaves it
+  alone, so every step is an affine map ``L' = p L + q nv + b1, nv' = rr nv + b2`` and so is any composition of
+  steps (``_gae_combine``). REINFORCE++ is the scalar map ``G' = γ m_{t+1} G + r`` (``_lin_combine``). Rows
+  longer than one block of ``BT`` tokens are split in time: each block composes its map and folds the maps of
+  the blocks after it (a scan over at most ``NBP`` maps) into the state entering the block, either in one
+  launch (PHASE 3, the look-back: blocks publish their maps behind flags) or in two (PHASE 1 stores the maps,
+  PHASE 2 rescans).
+* ``_moments_kernel``: per-program (count, sum, M2) of the valid entries. It and the scan kernel end in
+  ``_finalize_last``: the launch's last program combines every program's triple in a fixed order
+  (deterministic, no atomics on the values) into [count, mean, M2].
+* ``_whiten_kernel``: ``(x − μ)·rsqrt(σ² + 1e-8)``, reading (count, mean, M2) from device memory (so the
+  statistics of several ranks can be combined in between without a host sync).
 * ``_row_sum_kernel``, ``_group_kernel``, ``_broadcast_kernel``: GRPO / RLOO. Scores are row sums; the
   sequences are sorted by group id (``torch.sort``, on the device), and the program at the first sorted
   position of each group computes the group's statistics and the advantage of its members; the others exit.
@@ -28,9 +29,9 @@ import triton
 import triton.language as tl
 
 from .. import _config
-from .plans import DEFAULT, Form, Split, TokenPlan
+from .plans import Split, TokenPlan
 
-# Launch decisions (block length, tile form, split, fused whitening) are a TokenPlan (.plans), passed in.
+# Launch decisions (block length, tile form, split) are a TokenPlan (.plans), passed in.
 _TILE = 2048  # elements per program for short rows (several rows a program)
 _FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kernels
 
@@ -51,124 +52,6 @@ def _lin_combine(a_l, b_l, a_r, b_r):
 def _last(x, i, n: tl.constexpr):
     # the last column of a [BN, n] tile, as [BN, 1] (a select, so other columns' values never enter)
     return tl.sum(tl.where((i == n - 1)[None, :], x, 0.0), axis=1)[:, None]
-
-
-@triton.jit
-def _token_scan_kernel(
-    p_r,  # rewards (B, T), contiguous
-    p_v,  # values (B, T) (MODE 0)
-    p_m,  # response mask (B, T), any dtype (bool as uint8); nonzero = valid
-    p_g,  # gamma per row (G_PTR), stride s_g (0: one value)
-    p_l,  # lam per row (L_PTR, MODE 0), stride s_l
-    g_val,  # gamma as a float (not G_PTR)
-    l_val,  # lam as a float (not L_PTR)
-    s_g,
-    s_l,
-    p_x,  # out: the scanned state (L or G) in the accumulation dtype
-    p_ret,  # out: returns in the input dtype (STORE_RET)
-    p_agg,  # scratch: (B, NB, 5) composed map of each block (NB > 1)
-    p_pc,  # out: per-program count of valid tokens (int32)
-    p_ps,  # out: per-program sum of x over them
-    p_pm,  # out: per-program M2 of x over them (around the program's own mean)
-    B,
-    T,
-    NB,  # blocks per row
-    MODE: tl.constexpr,  # 0: masked GAE, 1: REINFORCE++ returns
-    PHASE: tl.constexpr,  # 1: store block maps only, 2: carry in, scan, store
-    CARRY: tl.constexpr,  # NB > 1
-    G_PTR: tl.constexpr,
-    L_PTR: tl.constexpr,
-    STORE_RET: tl.constexpr,
-    DESC: tl.constexpr,  # time descends along the tile, so the reverse recurrence is a forward scan
-    BN: tl.constexpr,
-    BT: tl.constexpr,
-    NBP: tl.constexpr,  # NB rounded up to a power of two
-    ACC: tl.constexpr,
-):
-    i_n = tl.program_id(0)
-    i_k = tl.program_id(1)
-    rows = i_n * BN + tl.arange(0, BN)
-    if DESC:
-        cols = i_k * BT + (BT - 1 - tl.arange(0, BT))
-    else:
-        cols = i_k * BT + tl.arange(0, BT)
-    m_row = rows < B
-    inb = m_row[:, None] & (cols < T)[None, :]
-    offs = rows.to(tl.int64)[:, None] * T + cols[None, :]
-    b_r = tl.load(p_r + offs, mask=inb, other=0).to(ACC)
-    valid = inb & (tl.load(p_m + offs, mask=inb, other=0) != 0)
-    if G_PTR:
-        g = tl.load(p_g + rows * s_g, mask=m_row, other=0).to(ACC)[:, None]
-    else:
-        g = g_val
-    zero = tl.zeros([BN, BT], ACC)
-    one = zero + 1.0
-    i_b = tl.arange(0, NBP)
-    later = m_row[:, None] & ((NB - 1 - i_b) > i_k)[None, :]  # the blocks after this one, latest first
-    p_blk = p_agg + (rows.to(tl.int64)[:, None] * NB + (NB - 1 - i_b)[None, :]) * 5
-    p_own = p_agg + (rows.to(tl.int64) * NB + i_k) * 5
-    if MODE == 0:
-        b_v = tl.load(p_v + offs, mask=inb, other=0).to(ACC)
-        if L_PTR:
-            lam = tl.load(p_l + rows * s_l, mask=m_row, other=0).to(ACC)[:, None]
-        else:
-            lam = l_val
-        a_p = tl.where(valid, g * lam + zero, one)
-        a_q = tl.where(valid, g + zero, zero)
-        a_rr = tl.where(valid, zero, one)
-        a_b1 = tl.where(valid, b_r - b_v, zero)
-        a_b2 = tl.where(valid, b_v, zero)
-        P, Q, R, B1, B2 = tl.associative_scan((a_p, a_q, a_rr, a_b1, a_b2), 1, _gae_combine, reverse=not DESC)
-        if PHASE == 1:
-            first = (tl.arange(0, BT) == (BT - 1 if DESC else 0))[None, :]  # the block's earliest token
-            tl.store(p_own + 0, tl.sum(tl.where(first, P, 0.0), axis=1), mask=m_row)
-            tl.store(p_own + 1, tl.sum(tl.where(first, Q, 0.0), axis=1), mask=m_row)
-            tl.store(p_own + 2, tl.sum(tl.where(first, R, 0.0), axis=1), mask=m_row)
-            tl.store(p_own + 3, tl.sum(tl.where(first, B1, 0.0), axis=1), mask=m_row)
-            tl.store(p_own + 4, tl.sum(tl.where(first, B2, 0.0), axis=1), mask=m_row)
-        else:
-            if CARRY:
-                c_p = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
-                c_q = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
-                c_r = tl.load(p_blk + 2, mask=later, other=1.0).to(ACC)
-                c_b1 = tl.load(p_blk + 3, mask=later, other=0.0).to(ACC)
-                c_b2 = tl.load(p_blk + 4, mask=later, other=0.0).to(ACC)
-                _, _, _, C1, C2 = tl.associative_scan((c_p, c_q, c_r, c_b1, c_b2), 1, _gae_combine)
-                # the state entering the block: the later blocks' composed map applied to (L_T, nv_T) = 0
-                x = P * _last(C1, i_b, NBP) + Q * _last(C2, i_b, NBP) + B1
-            else:
-                x = B1
-            if STORE_RET:
-                tl.store(p_ret + offs, x + b_v, mask=inb)
-    else:
-        nxt = inb & ((cols + 1) < T)[None, :]
-        m_next = tl.load(p_m + offs + 1, mask=nxt, other=0) != 0
-        a_a = tl.where(m_next, g + zero, zero)
-        A, Bx = tl.associative_scan((a_a, b_r), 1, _lin_combine, reverse=not DESC)
-        if PHASE == 1:
-            first = (tl.arange(0, BT) == (BT - 1 if DESC else 0))[None, :]
-            tl.store(p_own + 0, tl.sum(tl.where(first, A, 0.0), axis=1), mask=m_row)
-            tl.store(p_own + 1, tl.sum(tl.where(first, Bx, 0.0), axis=1), mask=m_row)
-        else:
-            if CARRY:
-                c_a = tl.load(p_blk + 0, mask=later, other=1.0).to(ACC)
-                c_b = tl.load(p_blk + 1, mask=later, other=0.0).to(ACC)
-                _, CB = tl.associative_scan((c_a, c_b), 1, _lin_combine)
-                x = tl.where(A == 0, Bx, A * _last(CB, i_b, NBP) + Bx)
-            else:
-                x = Bx
-            if STORE_RET:
-                tl.store(p_ret + offs, x, mask=inb)
-    if PHASE == 2:
-        tl.store(p_x + offs, x, mask=inb)
-        cnt = tl.sum(tl.sum(valid.to(tl.int32), axis=1), axis=0)
-        tot = tl.sum(tl.sum(tl.where(valid, x, 0.0), axis=1), axis=0)
-        mean = tot / tl.maximum(cnt, 1).to(ACC)
-        d = tl.where(valid, x - mean, 0.0)
-        pid = i_n * NB + i_k
-        tl.store(p_pc + pid, cnt)
-        tl.store(p_ps + pid, tot)
-        tl.store(p_pm + pid, tl.sum(tl.sum(d * d, axis=1), axis=0))
 
 
 @triton.jit
@@ -279,6 +162,8 @@ def _token_scan_grouped_kernel(
     p_pc,  # out: per-program count of valid tokens (int32)
     p_ps,  # out: per-program sum of x over them
     p_pm,  # out: per-program M2 of x over them (around the program's own mean)
+    p_st,  # out: [count, mean, M2] over every program's (PHASE 2, 3; written by the last program)
+    p_tk,  # the ticket counter of _finalize_last (int32, 0 between launches)
     p_flag,  # look-back flags (B, NB), int32: the epoch of the call that last published each block (PHASE 3)
     epoch,  # this call's epoch (PHASE 3)
     B,
@@ -398,6 +283,7 @@ def _token_scan_grouped_kernel(
         tl.store(p_pc + pid, cnt)
         tl.store(p_ps + pid, tot)
         tl.store(p_pm + pid, tl.sum(tl.sum(tl.sum(d * d, axis=2), axis=1), axis=0))
+        _finalize_last(p_pc, p_ps, p_pm, p_st, p_tk, tl.num_programs(0) * NB, 1024, ACC)
 
 
 @triton.jit
@@ -407,6 +293,8 @@ def _moments_kernel(
     p_pc,  # out: per-program count, sum, M2
     p_ps,
     p_pm,
+    p_st,  # out: [count, mean, M2] over all programs (written by the last one)
+    p_tk,  # the ticket counter of _finalize_last
     n,
     BLOCK: tl.constexpr,
     ACC: tl.constexpr,
@@ -423,44 +311,47 @@ def _moments_kernel(
     tl.store(p_pc + pid, cnt)
     tl.store(p_ps + pid, tot)
     tl.store(p_pm + pid, tl.sum(d * d, axis=0))
+    _finalize_last(p_pc, p_ps, p_pm, p_st, p_tk, tl.num_programs(0), 1024, ACC)
 
 
 @triton.jit
 def _combine_partials(p_pc, p_ps, p_pm, P, BLOCK: tl.constexpr, ACC: tl.constexpr):
     # Chan et al.'s combination of P triples (n_i, sum_i, M2_i): the global mean first, then
-    # M2 = sum_i M2_i + n_i (mean_i - mean)^2, in a fixed order (the same bits in every program that calls it).
+    # M2 = sum_i M2_i + n_i (mean_i - mean)^2, in a fixed order (deterministic). Volatile loads: the partials were
+    # stored by other programs of this launch (L2 is where they meet, not this SM's L1).
     acc_n = tl.zeros([BLOCK], tl.int64)
     acc_s = tl.zeros([BLOCK], ACC)
     for start in range(0, P, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        acc_n += tl.load(p_pc + i, mask=i < P, other=0).to(tl.int64)
-        acc_s += tl.load(p_ps + i, mask=i < P, other=0)
+        acc_n += tl.load(p_pc + i, mask=i < P, other=0, volatile=True).to(tl.int64)
+        acc_s += tl.load(p_ps + i, mask=i < P, other=0, volatile=True)
     count = tl.sum(acc_n, axis=0).to(ACC)
     mean = tl.sum(acc_s, axis=0) / tl.maximum(count, 1.0)
     acc_m = tl.zeros([BLOCK], ACC)
     for start in range(0, P, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        c = tl.load(p_pc + i, mask=i < P, other=0).to(ACC)
-        s = tl.load(p_ps + i, mask=i < P, other=0)
+        c = tl.load(p_pc + i, mask=i < P, other=0, volatile=True).to(ACC)
+        s = tl.load(p_ps + i, mask=i < P, other=0, volatile=True)
         d = s / tl.maximum(c, 1.0) - mean
-        acc_m += tl.load(p_pm + i, mask=i < P, other=0) + c * d * d
+        acc_m += tl.load(p_pm + i, mask=i < P, other=0, volatile=True) + c * d * d
     return count, mean, tl.sum(acc_m, axis=0)
 
 
 @triton.jit
-def _finalize_kernel(
-    p_pc,  # per-program count, sum, M2 (P of each)
-    p_ps,
-    p_pm,
-    P,
-    p_out,  # out: [count, mean, M2] in the accumulation dtype
-    BLOCK: tl.constexpr,
-    ACC: tl.constexpr,
-):
-    count, mean, m2 = _combine_partials(p_pc, p_ps, p_pm, P, BLOCK, ACC)
-    tl.store(p_out + 0, count)
-    tl.store(p_out + 1, mean)
-    tl.store(p_out + 2, m2)
+def _finalize_last(p_pc, p_ps, p_pm, p_st, p_tk, P, PBLOCK: tl.constexpr, ACC: tl.constexpr):
+    # Called by each of the launch's P programs once its partial moments are stored: the last one to take a
+    # ticket combines all P (every other program has stored its own before taking its ticket) into
+    # p_st = [count, mean, M2], and sets the ticket back to 0 for the next launch (CUDA graph replays too). No
+    # program waits on another, and the combination order is fixed: deterministic, no finalize launch, and the
+    # whitening reads three numbers instead of every partial.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(p_tk, 1, sem="acq_rel")
+    if ticket == P - 1:
+        count, mean, m2 = _combine_partials(p_pc, p_ps, p_pm, P, PBLOCK, ACC)
+        tl.store(p_st + 0, count)
+        tl.store(p_st + 1, mean)
+        tl.store(p_st + 2, m2)
+        tl.atomic_xchg(p_tk, 0)
 
 
 @triton.jit
@@ -468,31 +359,19 @@ def _whiten_kernel(
     p_x,  # values, flat (accumulation dtype or the input dtype)
     p_y,  # out, flat (may be p_x)
     p_m,  # mask, flat, any dtype (MASK_OUT)
-    p_st,  # [count, mean, M2] in the accumulation dtype: read (not FUSED) or written by program 0 (FUSED)
-    p_pc,  # per-program partial moments (FUSED)
-    p_ps,
-    p_pm,
-    P,
+    p_st,  # [count, mean, M2] in the accumulation dtype
     n,
     SHIFT: tl.constexpr,  # shift_mean
     MASK_OUT: tl.constexpr,  # zero where the mask is 0
-    FUSED: tl.constexpr,  # every program combines the partials itself (few of them): no finalize launch
     BLOCK: tl.constexpr,
-    PBLOCK: tl.constexpr,
     ACC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
-    if FUSED:
-        count, mean, m2 = _combine_partials(p_pc, p_ps, p_pm, P, PBLOCK, ACC)
-        tl.store(p_st + 0, count, mask=pid == 0)
-        tl.store(p_st + 1, mean, mask=pid == 0)
-        tl.store(p_st + 2, m2, mask=pid == 0)
-    else:
-        count = tl.load(p_st + 0).to(ACC)
-        mean = tl.load(p_st + 1).to(ACC)
-        m2 = tl.load(p_st + 2).to(ACC)
+    count = tl.load(p_st + 0).to(ACC)
+    mean = tl.load(p_st + 1).to(ACC)
+    m2 = tl.load(p_st + 2).to(ACC)
     var = m2 / tl.maximum(count - 1.0, 1.0)  # count < 2 raises on the host
     rstd = 1.0 / tl.sqrt(var + 1e-8)
     x = tl.load(p_x + offs, mask=inb, other=0).to(ACC)
@@ -530,12 +409,16 @@ def _group_kernel(
     p_s,  # scores by row (B,)
     p_a,  # out: per-row advantage (B,)
     B,
-    eps,
+    eps,  # epsilon as a float (a float32 argument), or (EPS_PTR) a pointer to it in the accumulation dtype
     KIND: tl.constexpr,  # 0: GRPO, 1: Dr. GRPO, 2: RLOO
     BG: tl.constexpr,
     ACC: tl.constexpr,
+    EPS_PTR: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
+    # float64 calls read epsilon from memory: a float argument is float32, and 1 + eps in float32 is off by 5e-8
+    if EPS_PTR:
+        eps = tl.load(eps).to(ACC)
     me = tl.load(p_ids + pid)
     prev = tl.load(p_ids + tl.maximum(pid - 1, 0))
     start = (pid == 0) | (prev != me)
@@ -666,29 +549,48 @@ def _hyper(h, acc: torch.dtype, ref: torch.Tensor):
 
 
 class Partials(NamedTuple):
-    """Per-program (count, sum, M2) of the valid entries, not yet combined."""
+    """Per-program (count, sum, M2) of the valid entries, and ``st``: their combination [count, mean, M2] (the
+    last program of the launch that computed them writes it)."""
 
     pc: torch.Tensor
     ps: torch.Tensor
     pm: torch.Tensor
+    st: torch.Tensor
     acc: torch.dtype
 
 
 def _partials(p: int, acc: torch.dtype, device) -> Partials:
+    st = torch.empty(3, dtype=acc, device=device) if p else torch.zeros(3, dtype=acc, device=device)
     return Partials(
         torch.empty(p, dtype=torch.int32, device=device),
         torch.empty(p, dtype=acc, device=device),
         torch.empty(p, dtype=acc, device=device),
+        st,
         acc,
     )
 
 
 def finalize(parts: Partials):
-    """(count, mean, M2) over all the partials, as 0-d tensors in the accumulation dtype (one small program)."""
-    stats = torch.empty(3, dtype=parts.acc, device=parts.ps.device)
-    n = parts.pc.numel()
-    _finalize_kernel[(1,)](parts.pc, parts.ps, parts.pm, n, stats, BLOCK=1024, ACC=_tl(parts.acc), num_warps=4)
-    return stats[0], stats[1], stats[2]
+    """(count, mean, M2) over all the partials, as 0-d tensors in the accumulation dtype (views of ``parts.st``:
+    the kernels that stored the partials combined them)."""
+    return parts.st[0], parts.st[1], parts.st[2]
+
+
+_TICKETS: dict = {}
+
+
+def _ticket(device: torch.device) -> torch.Tensor:
+    """The ticket counter of :func:`_finalize_last`: one int32 per device and stream, 0 between launches (each
+    launch's last program sets it back), so launches on one stream share it in turn. A CUDA graph capture gets
+    its own, zeroed in the graph."""
+    if _capturing(device):
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    tk = _TICKETS.get(key)
+    if tk is None:
+        tk = _TICKETS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return tk
 
 
 def _u8(m: torch.Tensor) -> torch.Tensor:
@@ -698,42 +600,35 @@ def _u8(m: torch.Tensor) -> torch.Tensor:
 
 
 def moments(x: torch.Tensor, m: torch.Tensor) -> Partials:
-    """Partial moments of ``x`` where the bool mask ``m`` is set (:func:`finalize` combines them)."""
+    """Partial moments of ``x`` where the mask ``m`` is nonzero, and their combination (:func:`finalize`)."""
     acc = _acc(x.dtype)
     n = x.numel()
     p = triton.cdiv(n, _FLAT_BLOCK)
     parts = _partials(p, acc, x.device)
     if n:
         xf, mf = x.contiguous().reshape(-1), _u8(m).reshape(-1)
-        _moments_kernel[(p,)](xf, mf, *parts[:3], n, BLOCK=_FLAT_BLOCK, ACC=_tl(acc), num_warps=8)
+        _moments_kernel[(p,)](xf, mf, *parts[:4], _ticket(x.device), n, BLOCK=_FLAT_BLOCK, ACC=_tl(acc), num_warps=8)
     return parts
 
 
-def whiten(x, stats, shift_mean: bool, out_dtype=None, mask=None, inplace=False, fuse_max: int = DEFAULT.fuse_max):
+def whiten(x, stats, shift_mean: bool, out_dtype=None, mask=None, inplace=False):
     """``(x − mean)·rsqrt(M2/(count − 1) + 1e-8)`` (+ mean unless ``shift_mean``), zero where ``mask`` is 0 when
-    given; into ``x`` itself when ``inplace`` and the dtypes agree. ``stats``: :class:`Partials`, or a (count,
-    mean, M2) triple of 0-d tensors (combined across ranks, say). Up to ``fuse_max`` partials every program
-    combines them itself, more are finalized first (:attr:`TokenPlan.fuse_max`). Returns (output, count as a
+    given; into ``x`` itself when ``inplace`` and the dtypes agree. ``stats``: :class:`Partials` (their ``st``),
+    or a (count, mean, M2) triple of 0-d tensors (combined across ranks, say). Returns (output, count as a
     0-d tensor)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     acc = _acc(out_dtype)
     x = x.contiguous()
     y = x if inplace and x.dtype == out_dtype else torch.empty(x.shape, dtype=out_dtype, device=x.device)
     n = x.numel()
-    if isinstance(stats, Partials) and (stats.pc.numel() > fuse_max or n == 0):
-        stats = finalize(stats)
-    fused = isinstance(stats, Partials)
-    if fused:
-        st = torch.empty(3, dtype=acc, device=x.device)
-        pc, ps, pm = stats.pc, stats.ps, stats.pm
+    if isinstance(stats, Partials):
+        st = stats.st
     else:
         st = torch.stack([t.to(device=x.device, dtype=acc).reshape(()) for t in stats])
-        pc, ps, pm = st, st, st
     if n:
         mf = _u8(mask).reshape(-1) if mask is not None else x
         _whiten_kernel[(triton.cdiv(n, _FLAT_BLOCK),)](
-            x.reshape(-1), y.reshape(-1), mf, st, pc, ps, pm, pc.numel(), n,
-            SHIFT=shift_mean, MASK_OUT=mask is not None, FUSED=fused, BLOCK=_FLAT_BLOCK, PBLOCK=1024,
+            x.reshape(-1), y.reshape(-1), mf, st, n, SHIFT=shift_mean, MASK_OUT=mask is not None, BLOCK=_FLAT_BLOCK,
             ACC=_tl(acc), num_warps=8,
         )  # fmt: skip
     return y, st[0]
@@ -765,22 +660,17 @@ def _scan(mode: int, r, v, m, gamma, lam, plan: TokenPlan):
     bn, bt, nb = _row_plan(b, t, plan.block)
     grid = (triton.cdiv(b, bn), nb)
     parts = _partials(grid[0] * nb, acc, r.device)
-    pc, ps, pm = parts.pc, parts.ps, parts.pm
+    pc, ps, pm, st = parts.pc, parts.ps, parts.pm, parts.st
     agg = torch.empty(b * nb * 5, dtype=acc, device=r.device) if nb > 1 else ps
     pg, gv, sg, g_ptr = _hyper(gamma, acc, r)
     pl, lv, sl, l_ptr = _hyper(lam if lam is not None else 0.0, acc, r)
-    warps = 4 if bn * bt <= 2048 else 8
+    # 8 tokens a thread: at 16 the look-back's tile and maps fill 255 registers (one or two programs an SM)
+    warps = plan.warps or min(16, max(4, bn * bt // 256))
     common = dict(
         MODE=mode, CARRY=nb > 1, G_PTR=g_ptr, L_PTR=l_ptr, STORE_RET=mode == 0 or x is not ret,
         BN=bn, BT=bt, NBP=triton.next_power_of_2(nb), ACC=_tl(acc), num_warps=warps,
     )  # fmt: skip
-    args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm)
-    if plan.form is not Form.GROUPED:
-        common["DESC"] = plan.form is Form.DESCENDING
-        if nb > 1:
-            _token_scan_kernel[grid](*args, b, t, nb, PHASE=1, **common)
-        _token_scan_kernel[grid](*args, b, t, nb, PHASE=2, **common)
-        return x, ret, parts
+    args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm, st, _ticket(r.device))
     if nb > 1 and plan.split is Split.LOOKBACK and not _capturing(r.device):
         flags, epoch = _flags(r.device, b * nb)
         _token_scan_grouped_kernel[grid](*args, flags, epoch, b, t, nb, PHASE=3, VOLATILE=True, **common)
@@ -840,7 +730,10 @@ def outcome(r, m, ids, kind: str, epsilon: float):
     _row_sum_kernel[(triton.cdiv(b, bn),)](r, scores, b, t, BN=bn, BT=bt, ACC=_tl(acc), num_warps=4)
     ids_sorted, perm = torch.sort(ids, stable=True)  # stable: members are summed in row order, every call
     a = torch.empty(b, dtype=acc, device=r.device)
-    _group_kernel[(b,)](ids_sorted, perm, scores, a, b, epsilon, KIND=_KINDS[kind], BG=64, ACC=_tl(acc), num_warps=2)
+    eps_ptr = acc == torch.float64
+    eps = torch.full((1,), epsilon, dtype=acc, device=r.device) if eps_ptr else epsilon
+    _group_kernel[(b,)](ids_sorted, perm, scores, a, b, eps, KIND=_KINDS[kind], BG=64, ACC=_tl(acc), EPS_PTR=eps_ptr,
+                        num_warps=2)  # fmt: skip
     bt = min(2048, max(16, triton.next_power_of_2(t)))
     bn = max(1, min(triton.next_power_of_2(b), 4096 // bt))
     _broadcast_kernel[(triton.cdiv(b, bn), triton.cdiv(t, bt))](a, _u8(m), y, b, t, BN=bn, BT=bt, num_warps=4)

@@ -254,7 +254,7 @@ def compute_gae_advantage_return(
 
         L, ret, parts = _kernels.gae(r, values, m, gamma, lam, plan)
         stats = _combined(parts, process_group)
-        adv, count = _kernels.whiten(L, stats, True, out_dtype=r.dtype, inplace=True, fuse_max=plan.fuse_max)
+        adv, count = _kernels.whiten(L, stats, True, out_dtype=r.dtype, inplace=True)
         _check_count(count, 2, check)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)
@@ -316,7 +316,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
         G, ret, parts = _kernels.reinforce_pp(r, m, gamma, plan)
         stats = _combined(parts, process_group)
-        adv, count = _kernels.whiten(G, stats, True, out_dtype=r.dtype, mask=m, fuse_max=plan.fuse_max)
+        adv, count = _kernels.whiten(G, stats, True, out_dtype=r.dtype, mask=m)
         _check_count(count, 2, check)
         return adv, ret
     acc = _torch.acc_dtype(r.dtype)

@@ -2,7 +2,7 @@
 
 A :class:`TokenPlan` says how the scan kernels of masked GAE and REINFORCE++ cover a ``(B, T)`` call: the
 block length that rows longer than it are split at, the tile form of a block, how a split row is carried from
-block to block, and when the whitening combines its partial moments in a launch of its own. :func:`choose`
+block to block. :func:`choose`
 picks the plan of a call from its shape and dtype; tests and benchmarks pass their own (``plan=`` of
 :func:`rl_triton.llm.compute_gae_advantage_return` and
 :func:`rl_triton.llm.compute_reinforce_plus_plus_outcome_advantage`) instead of changing a setting.
@@ -18,16 +18,13 @@ import torch
 
 
 class Form(enum.Enum):
-    """Tile form of a block of the scan kernel. Triton lowers reverse=True scans with lane-reversing shuffles of
-    every element, and a descending tile loses the vector loads and holds a thread's tokens strided: per
-    2048-token block the PTX of the GAE rescan has about 140 shuffles per thread grouped, 500 descending and
-    850 reverse."""
+    """Tile form of a block of the scan kernel. One form is left: plain tiles scanned with time descending (no
+    vector loads) or with reverse=True scans (lane-reversing shuffles of every element) were no faster on an H200,
+    and the reverse one did not compile for every shape."""
 
     # Groups of 4 consecutive tokens (time ascending inside a group, so loads vectorise) numbered latest-first:
-    # straight-line code inside a group, a forward scan across groups. The fewest shuffles in the PTX.
+    # straight-line code inside a group, a forward scan across groups.
     GROUPED = "grouped"
-    DESCENDING = "descending"  # a plain tile with time descending: the backward recurrence as a forward scan
-    REVERSE = "reverse"  # a plain tile with time ascending and a reverse=True scan
 
 
 class Split(enum.Enum):
@@ -36,9 +33,9 @@ class Split(enum.Enum):
     # Two launches: each block stores its composed map, then each block folds the maps of the later blocks and
     # rescans (inputs read twice).
     TWO_PASS = "two_pass"
-    # One launch, grouped form only: blocks launched latest-first publish their map behind an epoch-tagged flag
-    # and wait for the later blocks' (inputs read once). CUDA graph captures take the two passes instead (a
-    # replay would reuse the captured epoch).
+    # One launch: blocks launched latest-first publish their map behind an epoch-tagged flag and wait for the
+    # later blocks' (inputs read once). CUDA graph captures take the two passes instead (a replay would reuse
+    # the captured epoch).
     LOOKBACK = "lookback"
 
 
@@ -51,12 +48,11 @@ class TokenPlan:
     """One launch configuration of the token scans. Fields given as strings are read as the enums' values
     (``TokenPlan(form="descending")``); an invalid plan raises ValueError saying why."""
 
-    block: int = 2048  # tokens per block: rows of at most this many are one block, longer ones are split
+    block: int = 4096  # tokens per block: rows of at most this many are one block, longer ones are split
     form: Form = Form.GROUPED
-    split: Split = Split.TWO_PASS
-    # The whitening pass after the scan: up to this many per-program partial moments, each of its programs
-    # combines them itself; more, and one small program combines them first (a launch more).
-    fuse_max: int = 1024
+    split: Split = Split.LOOKBACK
+    # Warps per program of the scan; None: one per 256 tokens of the tile (8 tokens a thread), 4 to 16.
+    warps: int | None = None
 
     def __post_init__(self):
         for name, kind in (("form", Form), ("split", Split)):
@@ -80,13 +76,11 @@ def check(plan: TokenPlan) -> TokenPlan:
         raise ValueError(f"TokenPlan: block must be a power of two (tokens per program of a split row), got {block!r}")
     if not MIN_BLOCK <= block <= MAX_BLOCK:
         raise ValueError(f"TokenPlan: block must lie in [{MIN_BLOCK}, {MAX_BLOCK}], got {block}")
+    w = plan.warps
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w & (w - 1) or not 1 <= w <= 32):
+        raise ValueError(f"TokenPlan: warps must be None or a power of two in [1, 32], got {w!r}")
     if not isinstance(plan.form, Form) or not isinstance(plan.split, Split):
         raise ValueError(f"TokenPlan: form and split must be Form and Split members, got {plan.form!r}, {plan.split!r}")
-    if plan.split is Split.LOOKBACK and plan.form is not Form.GROUPED:
-        raise ValueError(f"TokenPlan: the look-back split runs on the grouped form only, not {plan.form.value}")
-    fuse = plan.fuse_max
-    if isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 0:
-        raise ValueError(f"TokenPlan: fuse_max must be an int >= 0 (partial moments), got {fuse!r}")
     return plan
 
 
@@ -94,7 +88,8 @@ DEFAULT = TokenPlan()
 
 
 def choose(b: int, t: int, dtype: torch.dtype) -> TokenPlan:
-    """The plan of a token scan of ``b`` rows of ``t`` tokens of ``dtype``. For now one plan serves every shape and
-    dtype: the grouped form, blocks of 2048 tokens, split rows in two passes (the look-back is opt-in), the
-    whitening fused up to 1024 partials (docs/llm.md, "Kernels")."""
+    """The plan of a token scan of ``b`` rows of ``t`` tokens of ``dtype``: one plan for every shape and dtype,
+    blocks of 4096 tokens (on an H200 a 4096-token row was a third faster as one block than as two of 2048, and
+    a 32768-token row no slower in blocks of 4096), rows longer than that carried by the one-launch look-back
+    (two launches inside a CUDA graph capture). docs/llm.md, "Kernels"."""
     return DEFAULT

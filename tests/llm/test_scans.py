@@ -188,12 +188,29 @@ def test_long_row_kernel():
     assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
 
 
-def test_lookback_split(kernel_path):
-    """Rows split in time with the one-launch look-back: repeated calls (each with its own flag epoch)."""
-    plan = TokenPlan(block=64, split=Split.LOOKBACK)
+@pytest.mark.parametrize("split", list(Split), ids=lambda s: s.value)
+def test_split_forms(kernel_path, split):
+    """Rows split in time, one launch (look-back) or two: repeated calls (each look-back with its own flag epoch),
+    both passes giving the same bits."""
+    plan = TokenPlan(block=64, split=split)
     for _ in range(2):
         _gae_case(kernel_path, 3, 300, torch.float32, "per-seq", plan)
         _rpp_case(kernel_path, 2, 200, torch.float32, "float", plan)
+    r, v, m = token_batch(2, 200, kernel_path.device)
+    other = TokenPlan(block=64, split=Split.TWO_PASS if split is Split.LOOKBACK else Split.LOOKBACK)
+    a1, r1 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8, plan=plan)
+    a2, r2 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8, plan=other)
+    assert torch.equal(a1, a2) and torch.equal(r1, r2)
+
+
+def test_many_partials(kernel_path):
+    """Over 1024 programs: the last one's combination of the partial moments loops over them; the ticket counter
+    is back to 0 after every launch."""
+    from rl_triton.llm import _kernels
+
+    plan = TokenPlan(block=16, split=Split.TWO_PASS)
+    _gae_case(kernel_path, 1, 16 * 1030 + 5, torch.float32, "float", plan)
+    assert _kernels._ticket(torch.device(kernel_path.device)).item() == 0
 
 
 def test_deterministic(kernel_path):
@@ -204,11 +221,11 @@ def test_deterministic(kernel_path):
 
 
 def test_default_plan():
-    """The chosen plan is today's launch: blocks of 2048 tokens, the grouped form, two passes, whitening fused up
-    to 1024 partials."""
+    """The chosen plan is today's launch: blocks of 4096 tokens, the grouped form, the look-back split, 8 tokens a
+    thread."""
     for shape, dtype in (((64, 32768), torch.float32), ((3, 5), torch.float64), ((4096, 512), torch.bfloat16)):
-        assert plans.choose(*shape, dtype) == TokenPlan(2048, Form.GROUPED, Split.TWO_PASS, 1024)
-    assert TokenPlan(form="reverse", split="two_pass") == TokenPlan(form=Form.REVERSE)
+        assert plans.choose(*shape, dtype) == TokenPlan(4096, Form.GROUPED, Split.LOOKBACK, None)
+    assert TokenPlan(form="grouped", split="two_pass") == TokenPlan(split=Split.TWO_PASS)
 
 
 @pytest.mark.parametrize(
@@ -220,9 +237,11 @@ def test_default_plan():
         (dict(block=8), r"\[16, 8192\]"),
         (dict(block=16384), r"\[16, 8192\]"),
         (dict(form="zigzag"), "form must be a Form"),
+        (dict(form="reverse"), "form must be a Form"),
         (dict(split="ticket"), "split must be a Split"),
-        (dict(split="lookback", form="descending"), "grouped form only"),
-        (dict(fuse_max=-1), "fuse_max"),
+        (dict(warps=3), "warps"),
+        (dict(warps=64), "warps"),
+        (dict(warps=True), "warps"),
     ],
 )
 def test_plan_invalid(fields, match):
