@@ -81,12 +81,23 @@ def main(argv: list[str]) -> None:
     plans = []
     for b, t, dtype, mode in CASES:
         plans.append((b, t, dtype, mode, choose(b, t, dtype)))
-    for block in (16, 1024, 2048, 4096, 8192):  # every block, both splits, at a split shape
+    for block in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192):  # every block, both splits, split rows
         for split in Split:
-            plans.append((4, 4 * 8192 + 3, torch.float32, 0, TokenPlan(block=block, split=split)))
+            for mode, dtype in ((0, torch.float32), (1, torch.float32), (0, torch.float64), (1, torch.bfloat16)):
+                plans.append((3, 2 * 8192 + 3, dtype, mode, TokenPlan(block=block, split=split)))
+    for warps in (1, 2, 4, 8, 16, 32):  # the warps field's range, at the default block
+        plans.append((3, 2 * 8192 + 3, torch.float32, 0, TokenPlan(warps=warps)))
+    failed = []
     for b, t, dtype, mode, plan in plans:
         print(f"B={b} T={t} {dtype} mode={mode} {plan}", flush=True)
-        compile_all(b, t, dtype, plan, mode)
+        try:
+            compile_all(b, t, dtype, plan, mode)
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            failed.append((b, t, dtype, mode, plan, repr(exc)[:200]))
+            print(f"  FAILED: {exc!r}"[:300], flush=True)
+    print(f"{len(plans) - len(failed)} of {len(plans)} compiled", *failed, sep="\n")
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

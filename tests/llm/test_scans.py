@@ -176,9 +176,11 @@ def test_long_row_torch(path):
 
 @pytest.mark.cuda
 def test_long_row_kernel():
-    # 40k tokens in 20 blocks of 2048 (the default block): the two-pass split at its real block length
+    # 40k tokens in 10 blocks of 4096 (the default block): both splits at their real block length
     r, v, m = token_batch(2, 40_000, "cuda", interior=0.2)
     adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.999, 0.99)
+    adv2, ret2 = llm.compute_gae_advantage_return(r, v, m, 0.999, 0.99, plan=TokenPlan(split=Split.TWO_PASS))
+    assert torch.equal(adv, adv2) and torch.equal(ret, ret2)
     with torch.no_grad():
         from rl_triton import use_backend
 
