@@ -1,8 +1,8 @@
 """Per-env and per-step ``gamma`` / ``lambda_`` tensors (docs/semantics.md, "Per-step gamma and lambda"):
 every function against the float64 loop references with gamma_t / lambda_t at each step, 1-D calls, a 0-d
 tensor equal to the float it holds bit for bit, the conventions pinned by hand-computed values, the errors,
-autograd and torch.compile. On the kernel paths these calls take the PyTorch path until the kernels read
-tensor discounts (rl_triton._dispatch.run); the same tests then exercise the kernels."""
+autograd and torch.compile. On the kernel paths the kernels read the tensor discounts; the modules' internal forms
+(``*_with_next_values``, ``returns_with_advantages``, ``rows=``) take every tensor on the path's device."""
 
 import re
 
