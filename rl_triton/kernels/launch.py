@@ -407,14 +407,15 @@ def _tensors(gamma, lambda_=None) -> dict:
 
 
 def _disc(x, dummy: torch.Tensor) -> tuple:
-    """gamma or lambda_ as the kernels take it: ``(hi, lo, pointer, stride_n, stride_t)``; a float's halves
-    (:func:`hp`) and ``dummy``, a valid pointer that the kernel never reads, or a tensor's (N, T) view
-    (``_validation.kernel_discount``) and its strides."""
+    """gamma or lambda_ as the kernels take a discount: ``(hi, lo, pointer, stride_n, stride_t)``. A float's halves
+    (:func:`hp`) and ``dummy``, a valid pointer of the call that the kernel never reads (a pointer, not an int: an
+    int there changed the float kernels' registers and SASS); a tensor's (N, T) view
+    (``_validation.kernel_discount``) and its strides. The argument builders inline the float case (isinstance
+    against torch.Tensor and a call cost host time on every launch)."""
     if isinstance(x, torch.Tensor):
         view, _, s_n, s_t = kernel_discount(x)
         return 0.0, 0.0, view, s_n, s_t
-    hi, lo = hp(x)
-    return hi, lo, dummy, 0, 0
+    return (*hp(x), dummy, 0, 0)
 
 
 def _int_class(x: int) -> tuple:
@@ -436,7 +437,7 @@ def _key(key: tuple, *discounts) -> tuple:
     """The launch key of a call: ``key`` for float discounts (the key the fast paths look up), else ``key``
     extended by each discount's :func:`_disc_key`. A float and a tensor call of one signature share a cache
     entry, so the float key must never hold a tensor kernel."""
-    if all(not isinstance(x, torch.Tensor) for x in discounts):
+    if all(type(x) is float or not isinstance(x, torch.Tensor) for x in discounts):
         return key
     return (*key, *(_disc_key(x) for x in discounts))
 
@@ -448,33 +449,38 @@ def _key(key: tuple, *discounts) -> tuple:
 
 
 def gae_args(r, v, term, trunc, boot, last, out, tgt, n: int, t: int, gamma, lambda_) -> tuple:
+    g = (*hp(gamma), r, 0, 0) if type(gamma) is float else _disc(gamma, r)
+    lam = (*hp(lambda_), r, 0, 0) if type(lambda_) is float else _disc(lambda_, r)
     return (
         r, v, term, r if trunc is None else trunc, r if boot is None else boot, r if last is None else last, out,
-        tgt, n, t, *_disc(gamma, r), *_disc(lambda_, r),
+        tgt, n, t, *g, *lam,
     )  # fmt: skip
 
 
 def vtrace_args(lpi, lmu, v, r, term, trunc, boot, last, vs, adv, n: int, t: int, gamma, rho_bar, c_bar) -> tuple:
     return (
         lpi, lmu, v, r, term, r if trunc is None else trunc, r if boot is None else boot, r if last is None else last,
-        vs, adv, n, t, *_disc(gamma, r), *hp(rho_bar), *hp(c_bar),
+        vs, adv, n, t, *((*hp(gamma), r, 0, 0) if type(gamma) is float else _disc(gamma, r)), *hp(rho_bar), *hp(c_bar),
     )  # fmt: skip
 
 
 def retrace_args(
     probs, next_probs, mu, q, next_q, actions, r, term, trunc, qt, adv, n: int, t: int, gamma, lambda_, c_bar, rho_bar
 ) -> tuple:  # fmt: skip
+    g = (*hp(gamma), r, 0, 0) if type(gamma) is float else _disc(gamma, r)
+    lam = (*hp(lambda_), r, 0, 0) if type(lambda_) is float else _disc(lambda_, r)
     return (
         probs, probs if next_probs is None else next_probs, mu, q, next_q, actions, r, term,
-        probs if trunc is None else trunc, qt, adv, n, t, *_disc(gamma, r), *_disc(lambda_, r), *hp(c_bar),
-        *hp(rho_bar),
+        probs if trunc is None else trunc, qt, adv, n, t, *g, *lam, *hp(c_bar), *hp(rho_bar),
     )  # fmt: skip
 
 
 def returns_args(r, nv, term, trunc, boot, v, out, adv, n: int, t: int, gamma, lambda_) -> tuple:
+    g = (*hp(gamma), r, 0, 0) if type(gamma) is float else _disc(gamma, r)
+    lam = (*hp(lambda_), r, 0, 0) if type(lambda_) is float else _disc(lambda_, r)
     return (
         r, r if nv is None else nv, term, r if trunc is None else trunc, r if boot is None else boot,
-        r if v is None else v, out, adv, n, t, *_disc(gamma, r), *_disc(lambda_, r),
+        r if v is None else v, out, adv, n, t, *g, *lam,
     )  # fmt: skip
 
 
