@@ -93,12 +93,15 @@ def _gae_maps(p_r, p_v, p_m, offs, inb, g, lam, ACC: tl.constexpr):
 
 
 @triton.jit
-def _rpp_maps(p_r, p_m, offs, inb, nxt, g, ACC: tl.constexpr):
+def _rpp_maps(p_r, mk, mk_after, offs, inb, g, ACC: tl.constexpr):
     # the maps of REINFORCE++'s tokens at offs: (a, b) = (gamma m_{t+1}, r_t), the identity (1, 0) outside inb;
-    # and the valid-token mask
+    # and the valid-token mask. mk: the mask at offs, mk_after: at offs + 4 (the group after in time), 0 past T;
+    # m_{t+1} is mk shifted by one token, in registers (a load at offs + 1 is misaligned: byte by byte).
     b_r = tl.load(p_r + offs, mask=inb, other=0).to(ACC)
-    valid = inb & (tl.load(p_m + offs, mask=inb, other=0) != 0)
-    m_next = tl.load(p_m + offs + 1, mask=nxt, other=0) != 0
+    valid = inb & (mk != 0)
+    _, x1, x2, x3 = _cols4(mk)
+    y0, _, _, _ = _cols4(mk_after)
+    m_next = _join4(x1, x2, x3, y0) != 0
     zero = tl.zeros(b_r.shape, ACC)
     return tl.where(inb, tl.where(m_next, g + zero, zero), zero + 1.0), b_r, valid
 
@@ -251,7 +254,10 @@ def _token_scan_grouped_kernel(
             if STORE_RET:
                 tl.store(p_ret + offs, x + b_v, mask=inb)
     else:
-        a, b, valid = _rpp_maps(p_r, p_m, offs, inb, inb & (cols + 1 < T), g, ACC)
+        mk = tl.load(p_m + offs, mask=inb, other=0)
+        in4 = m_row[:, None, None] & (cols + 4 < T)
+        mk4 = tl.load(p_m + offs + 4, mask=in4, other=0)
+        a, b, valid = _rpp_maps(p_r, mk, mk4, offs, inb, g, ACC)
         c0, c1, c2, c3 = _lin4(a, b)
         if PHASE != 2:
             AA, AB = tl.associative_scan(c0, 1, _lin_combine)
@@ -260,7 +266,8 @@ def _token_scan_grouped_kernel(
             if PHASE == 3:
                 _publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, 1 << 16)
         if PHASE != 1:
-            fa, fb, _ = _rpp_maps(p_r, p_m, offs + 4, prev_in, prev_in & (cols + 5 < T), g, ACC)
+            mk8 = tl.load(p_m + offs + 8, mask=m_row[:, None, None] & (cols + 8 < T), other=0)
+            fa, fb, _ = _rpp_maps(p_r, mk4, mk8, offs + 4, prev_in, g, ACC)
             f0, _, _, _ = _lin4(fa, fb)
             XA, XB = tl.associative_scan(f0, 1, _lin_combine)
             if CARRY:
