@@ -121,9 +121,9 @@ def scalar(name: str, value, *, lo: float | None = 0.0, hi: float | None = 1.0) 
 # compute_lambda_returns (and of the modules' internal forms) may also be per-env or per-step tensors
 # (docs/semantics.md, "Per-step gamma and lambda"). Before the tensors are validated, :func:`discount` keeps
 # such a tensor as it is (a float for everything else, as :func:`scalar` gives it); after, :func:`per_step`
-# turns it into the (N, T) view the PyTorch path reads: per-step (N, T) tensors as they are (any strides),
-# per-env (N,) ones as ``g[:, None].expand(N, T)`` (time stride 0), 1-D calls' (T,) ones as ``g[None]``. No
-# broadcast copy is made. They are never differentiated (detached), as TorchRL does not differentiate them.
+# turns it into the (N, T) view the PyTorch path and the kernels read: per-step (N, T) tensors as they are (any
+# strides), per-env (N,) ones as ``g[:, None].expand(N, T)`` (time stride 0), 1-D calls' (T,) ones as ``g[None]``.
+# No broadcast copy is made. They are never differentiated (detached), as TorchRL does not differentiate them.
 DISCOUNTS = ("gamma", "lambda_")
 
 
