@@ -81,9 +81,10 @@ def test_split_rows(kernel_path, name, split, form, forms):
     kwargs = with_discounts(name, valid_kwargs(name, (n, t), device=kernel_path.device), n, t, *forms,
                             kernel_path.device)  # fmt: skip
     out = checked(name, kwargs, plan)
-    again = getattr(R, name)(**kwargs, plan=plan)  # the cached launch (look-back epochs advanced): the same bits
-    for a, b in zip(out, again if isinstance(again, tuple) else (again,), strict=True):
-        assert torch.equal(a, b)
+    if plan.split is Split.LOOKBACK and plan.epochs:
+        again = getattr(R, name)(**kwargs, plan=plan)  # the cached launch, its epochs advanced: the same bits
+        for a, b in zip(out, again if isinstance(again, tuple) else (again,), strict=True):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -123,9 +124,17 @@ def _time_major(x):
     return x
 
 
-@pytest.mark.parametrize("forms", [("step", "env"), ("step-T", "step"), ("env", "step-T")], ids="-".join)
-@pytest.mark.parametrize("shape", [(33, 7), (3, 700)], ids=lambda s: f"N{s[0]}-T{s[1]}")
-@pytest.mark.parametrize("name", NAMES)
+TM_FORMS = [("step", "env"), ("step-T", "step"), ("env", "step-T")]
+# one env-major group in every discount layout; rows split into time blocks in one layout per function
+TM_CASES = [
+    pytest.param(name, shape, forms, id=f"{name}-N{shape[0]}-T{shape[1]}-{'-'.join(forms)}")
+    for i, name in enumerate(NAMES)
+    for shape, all_forms in (((33, 7), TM_FORMS), ((3, 700), [TM_FORMS[i % len(TM_FORMS)]]))
+    for forms in all_forms
+]
+
+
+@pytest.mark.parametrize("name, shape, forms", TM_CASES)
 def test_time_major_inputs(kernel_path, name, shape, forms):
     """Time-major inputs read in place (the launcher's plans: one env-major group; rows of several chunks split
     into time blocks) with discounts in the other layout, in the same one, and per env."""
