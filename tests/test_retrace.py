@@ -91,6 +91,9 @@ CASES = [
     # programs on the GPU (kernels/plans.py, Plan.maxnreg: 2-byte dtypes at 512 steps per row, float32 and
     # 2-byte dtypes walking 1024-step chunks).
     *(case(s, dtype=d, flag_dtype=d, next_probs=True) for d in DTYPE_IDS for s in ((5, 63), (2, 300), (2, 1100))),
+    # 8-byte flags with float64 data at row lengths of multiples of 4 (Triton 3.6 miscompiled the terminated mask's
+    # layout conversion there: kernels/fused.py, _term_like_e).
+    *(case(s, dtype=torch.float64, flag_dtype=f) for f in (torch.float64, torch.int64) for s in ((64, 20), (4, 1000))),
     # Non-contiguous views of every input (they also equal the call on contiguous copies).
     case((5, 37), layout="stride", next_probs=True),
     case((5, 37), layout="transpose", next_probs=True),

@@ -272,6 +272,19 @@ def _action_dot_pick(p_w, p_nq, off, m, b_act, m_act, A: tl.constexpr, AP: tl.co
 
 
 @triton.jit
+def _term_like_e(p_term, off, m, AP: tl.constexpr):
+    """The terminated flags (any dtype, nonzero: set) as a boolean in the layout of E_t, the reduction over an
+    action axis: read once more through an [..., AP] tile (one lane per step loads) and reduced over it. With
+    8-byte flags and a row divisor, Triton 3.6 gave the flags a load layout whose boolean mask it then converted
+    to E_t's layout inside each warp with byte permutes, and that conversion is miscompiled (masks of the wrong
+    steps and envs); a mask made in E_t's layout needs no conversion."""
+    ax: tl.constexpr = len(off.shape)
+    o_a = tl.arange(0, AP)
+    b_f = tl.load(p_term + tl.expand_dims(off, ax) + o_a * 0, mask=tl.expand_dims(m, ax) & (o_a == 0), other=0)
+    return tl.max((b_f != 0).to(tl.int32), ax) != 0
+
+
+@triton.jit
 def _env_next(x):
     """An env-major [BN, G, 4] tile of one chunk (G <= 2 groups, the latest first) one step later in
     time: slot t holds x_{t+1}, 0 past the chunk's last step. Registers only (no reload at off + 1)."""
@@ -345,7 +358,10 @@ def retrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, AC
     elif not PI_TILE:
         b_e = _action_dot(p_w, p_nq, off, m, A, 0, AP, ACC)
     b_a = tl.where(q_term | q_trunc, 0.0, gamma * b_c1)
-    b_e = tl.where(q_term, 0.0, b_e)
+    if p_term.dtype.element_ty.primitive_bitwidth > 32:  # 8-byte flags: the mask in E_t's layout (_term_like_e)
+        b_e = tl.where(_term_like_e(p_term, off, m, AP), 0.0, b_e)
+    else:
+        b_e = tl.where(q_term, 0.0, b_e)
     b_b = b_r + gamma * b_e - b_q  # E_t (0 at terminated steps) stands for (1 - term) E_t
     ctx = (b_rho, b_r, b_q, q_bnd | q_term, b_e, gamma)
     return tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), ctx
