@@ -27,11 +27,13 @@ except ImportError as err:  # pragma: no cover - exercised only without the opti
 from ._common import MissingEntryError
 from ._registry import register_with_torchrl, torchrl_registered, unregister_from_torchrl
 from .advantages import GAE, MultiAgentGAE, TD0Estimator, TD1Estimator, TDLambdaEstimator, VTrace
+from .llm import GroupAdvantage, TokenGAE
 from .retrace import Retrace
 from .transforms import Reward2GoTransform
 
 __all__ = [
     "GAE",
+    "GroupAdvantage",
     "MissingEntryError",
     "MultiAgentGAE",
     "Retrace",
@@ -39,6 +41,7 @@ __all__ = [
     "TD0Estimator",
     "TD1Estimator",
     "TDLambdaEstimator",
+    "TokenGAE",
     "VTrace",
     "register_with_torchrl",
     "torchrl_registered",
