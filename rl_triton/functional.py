@@ -100,6 +100,34 @@ def _launchers():
     return _LAUNCH
 
 
+def _fast(e, tensors, at, build, inputs, two, gamma, lambda_=None, bars=()):
+    """The fast path's launch of the cache entry ``e`` (filed under ``at``): checks gamma, then lambda_ (None:
+    the function has none), then the ``(name, value)`` clipping ``bars`` as the prepared path does, allocates
+    the output like ``tensors[e.like_at]`` (and a second one when ``two``) and launches with the arguments the
+    launchers' ``build`` makes of ``inputs``. None without a kept launch or for a tensor gamma/lambda_: the
+    prepared path then runs."""
+    launch = e.plans.get(at)
+    if launch is None:
+        return None
+    try:
+        g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
+        if lambda_ is not None:
+            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
+            g = (g, lam)
+        else:
+            g = (g,)
+    except TensorDiscount:
+        return None  # a tensor gamma/lambda_: the prepared path
+    for name, x in bars:
+        g += (x if type(x) is float and x >= 0.0 else scalar(name, x, hi=None),)
+    like = tensors[e.like_at]
+    out = torch.empty_like(like)
+    second = torch.empty_like(like) if two else out
+    k = _LAUNCH or _launchers()
+    k._run(launch, getattr(k, build)(*inputs, out, second, e.num_envs, e.seq_len, *g))
+    return (out, second) if two else out
+
+
 def _check_bootstrap(fn: str, truncateds, bootstrap_values, last_value) -> None:
     if last_value is not None and bootstrap_values is not None:
         raise ValueError(f"{fn}: pass either 'last_value' or 'bootstrap_values', not both")
@@ -170,22 +198,12 @@ def compute_gae(
     key = signature(fn, _GAE_PLAIN, None, tensors)
     e = _validation._CACHE.get(key)
     if plan is None and launchable(e, tensors, _GAE_AT):
-        launch = e.plans.get(_GAE_LAUNCH)
-        if launch is not None:
-            try:
-                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
-                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
-            except TensorDiscount:
-                pass  # a tensor gamma/lambda_: the prepared path below
-            else:
-                out = torch.empty_like(tensors[e.like_at])
-                k = _LAUNCH or _launchers()
-                args = k.gae_args(
-                    rewards, values, terminateds, truncateds, bootstrap_values, last_value, out, out, e.num_envs,
-                    e.seq_len, g, lam,
-                )  # fmt: skip
-                k._run(launch, args)
-                return out
+        out = _fast(
+            e, tensors, _GAE_LAUNCH, "gae_args",
+            (rewards, values, terminateds, truncateds, bootstrap_values, last_value), False, gamma, lambda_,
+        )  # fmt: skip
+        if out is not None:
+            return out
     return _gae(
         fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False, plan=plan,
         key=key,
@@ -247,23 +265,12 @@ def gae_with_next_values(
     key = signature(fn, _GAE_NEXT, rows, tensors)
     e = _validation._CACHE.get(key)
     if plan is None and launchable(e, tensors, _GAE_AT):
-        launch = e.plans.get(_GAE_NEXT_LAUNCH[bool(targets)])
-        if launch is not None:
-            try:
-                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
-                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
-            except TensorDiscount:
-                pass  # a tensor gamma/lambda_: the prepared path below
-            else:
-                like = tensors[e.like_at]
-                out = torch.empty_like(like)
-                tgt = torch.empty_like(like) if targets else out
-                k = _LAUNCH or _launchers()
-                args = k.gae_args(
-                    rewards, values, terminateds, dones, next_values, None, out, tgt, e.num_envs, e.seq_len, g, lam
-                )
-                k._run(launch, args)
-                return (out, tgt) if targets else out
+        out = _fast(
+            e, tensors, _GAE_NEXT_LAUNCH[bool(targets)], "gae_args",
+            (rewards, values, terminateds, dones, next_values, None), targets, gamma, lambda_,
+        )  # fmt: skip
+        if out is not None:
+            return out
     return _gae(
         fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows, plan, key=key
     )
@@ -347,24 +354,13 @@ def _vtrace(
     key = signature(fn, _VTRACE_REQUIRED, None, tensors)
     e = _validation._CACHE.get(key)
     if plan is None and launchable(e, tensors, _VTRACE_AT):
-        launch = e.plans.get(_VTRACE_LAUNCH[next_all])
-        if launch is not None:
-            try:
-                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
-            except TensorDiscount:
-                pass  # a tensor gamma/lambda_: the prepared path below
-            else:
-                rho = rho_bar if type(rho_bar) is float and rho_bar >= 0.0 else scalar("rho_bar", rho_bar, hi=None)
-                c = c_bar if type(c_bar) is float and c_bar >= 0.0 else scalar("c_bar", c_bar, hi=None)
-                like = tensors[e.like_at]
-                vs, adv = torch.empty_like(like), torch.empty_like(like)
-                k = _LAUNCH or _launchers()
-                args = k.vtrace_args(
-                    log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, bootstrap_values,
-                    last_value, vs, adv, e.num_envs, e.seq_len, g, rho, c,
-                )  # fmt: skip
-                k._run(launch, args)
-                return vs, adv
+        out = _fast(
+            e, tensors, _VTRACE_LAUNCH[next_all], "vtrace_args",
+            (log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, bootstrap_values, last_value),
+            True, gamma, None, (("rho_bar", rho_bar), ("c_bar", c_bar)),
+        )  # fmt: skip
+        if out is not None:
+            return out
     s = {
         "gamma": discount("gamma", gamma),
         "rho_bar": scalar("rho_bar", rho_bar, hi=None),
@@ -482,25 +478,14 @@ def compute_retrace(
     # the cache never keeps a call with CPU actions (_validation.cacheable_actions): a miss leaves that to prepare
     e = _validation._CACHE.get(key)
     if plan is None and launchable(e, tensors, _RETRACE_AT):
-        launch = e.plans.get(_RETRACE_LAUNCH)
-        if launch is not None:
-            try:
-                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
-                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
-            except TensorDiscount:
-                pass  # a tensor gamma/lambda_: the prepared path below
-            else:
-                c = c_bar if type(c_bar) is float and c_bar >= 0.0 else scalar("c_bar", c_bar, hi=None)
-                rho = rho_bar if type(rho_bar) is float and rho_bar >= 0.0 else scalar("rho_bar", rho_bar, hi=None)
-                like = tensors[e.like_at]
-                qt, adv = torch.empty_like(like), torch.empty_like(like)
-                k = _LAUNCH or _launchers()
-                args = k.retrace_args(
-                    action_probs_target, next_action_probs_target, action_probs_behavior, q_values, next_q_values_all,
-                    actions, rewards, terminateds, truncateds, qt, adv, e.num_envs, e.seq_len, g, lam, c, rho,
-                )  # fmt: skip
-                k._run(launch, args)
-                return qt, adv
+        out = _fast(
+            e, tensors, _RETRACE_LAUNCH, "retrace_args",
+            (action_probs_target, next_action_probs_target, action_probs_behavior, q_values, next_q_values_all, actions,
+             rewards, terminateds, truncateds),
+            True, gamma, lambda_, (("c_bar", c_bar), ("rho_bar", rho_bar)),
+        )  # fmt: skip
+        if out is not None:
+            return out
     s = {
         "gamma": discount("gamma", gamma),
         "lambda_": discount("lambda_", lambda_),
@@ -581,31 +566,12 @@ def compute_discounted_returns(
     key = signature(fn, _RETURNS_REQUIRED, None, tensors)
     e = _validation._CACHE.get(key)
     if plan is None and launchable(e, tensors, (0, 1)):
-        launch = e.plans.get(_RETURNS_LAUNCH)
-        if launch is not None:
-            try:
-                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
-            except TensorDiscount:
-                pass  # a tensor gamma/lambda_: the prepared path below
-            else:
-                out = torch.empty_like(tensors[e.like_at])
-                k = _LAUNCH or _launchers()
-                args = k.returns_args(
-                    rewards,
-                    None,
-                    terminateds,
-                    truncateds,
-                    bootstrap_values,
-                    None,
-                    out,
-                    out,
-                    e.num_envs,
-                    e.seq_len,
-                    g,
-                    1.0,
-                )
-                k._run(launch, args)
-                return out
+        out = _fast(
+            e, tensors, _RETURNS_LAUNCH, "returns_args",
+            (rewards, None, terminateds, truncateds, bootstrap_values, None), False, gamma, 1.0,
+        )  # fmt: skip
+        if out is not None:
+            return out
     s = {"gamma": discount("gamma", gamma), "lambda_": 1.0}
     p = prepare(
         fn,
@@ -675,22 +641,12 @@ def compute_lambda_returns(
     key = signature(fn, _LAMBDA_REQUIRED, None, tensors)
     e = _validation._CACHE.get(key)
     if plan is None and launchable(e, tensors, (0, 1, 2)):
-        launch = e.plans.get(_RETURNS_LAUNCH)
-        if launch is not None:
-            try:
-                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
-                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
-            except TensorDiscount:
-                pass  # a tensor gamma/lambda_: the prepared path below
-            else:
-                out = torch.empty_like(tensors[e.like_at])
-                k = _LAUNCH or _launchers()
-                args = k.returns_args(
-                    rewards, next_values, terminateds, truncateds, bootstrap_values, None, out, out, e.num_envs,
-                    e.seq_len, g, lam,
-                )  # fmt: skip
-                k._run(launch, args)
-                return out
+        out = _fast(
+            e, tensors, _RETURNS_LAUNCH, "returns_args",
+            (rewards, next_values, terminateds, truncateds, bootstrap_values, None), False, gamma, lambda_,
+        )  # fmt: skip
+        if out is not None:
+            return out
     s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_)}
     p = prepare(
         fn,
@@ -725,23 +681,12 @@ def returns_with_advantages(
     key = signature(fn, _RWA_REQUIRED, rows, tensors)
     e = _validation._CACHE.get(key)
     if plan is None and launchable(e, tensors, (0, 1, 2, 3)):
-        launch = e.plans.get(_RWA_LAUNCH)
-        if launch is not None:
-            try:
-                g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
-                lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
-            except TensorDiscount:
-                pass  # a tensor gamma/lambda_: the prepared path below
-            else:
-                like = tensors[e.like_at]
-                out, adv = torch.empty_like(like), torch.empty_like(like)
-                k = _LAUNCH or _launchers()
-                args = k.returns_args(
-                    rewards, next_values, terminateds, truncateds, bootstrap_values, values, out, adv, e.num_envs,
-                    e.seq_len, g, lam,
-                )  # fmt: skip
-                k._run(launch, args)
-                return out, adv
+        out = _fast(
+            e, tensors, _RWA_LAUNCH, "returns_args",
+            (rewards, next_values, terminateds, truncateds, bootstrap_values, values), True, gamma, lambda_,
+        )  # fmt: skip
+        if out is not None:
+            return out
     s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_)}
     p = prepare(
         fn,
