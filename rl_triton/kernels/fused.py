@@ -120,13 +120,24 @@ def gae_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC: t
 
 
 @triton.jit
+def store_with_value(
+    p_out, p_second, b_x, p_v, off, m, SECOND: tl.constexpr, SUBTRACT: tl.constexpr, ACC: tl.constexpr
+):  # fmt: skip
+    """Stores x; with SECOND also x as stored plus V(s_t) (minus it with SUBTRACT), rounded once: what
+    `x + values` (`x - values`) gives on the stored x (GAE's value targets, the returns' advantages)."""
+    tl.store(p_out + off, b_x, mask=m)
+    if SECOND:
+        b_x = b_x.to(p_out.dtype.element_ty).to(ACC)
+        b_v = tl.load(p_v + off, mask=m, other=0).to(ACC)
+        if SUBTRACT:
+            tl.store(p_second + off, b_x - b_v, mask=m)
+        else:
+            tl.store(p_second + off, b_x + b_v, mask=m)
+
+
+@triton.jit
 def gae_epilogue(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
-    TARGET: tl.constexpr = K[4]
-    p_adv, p_tgt = outs
-    tl.store(p_adv + off, b_x, mask=m)
-    if TARGET:  # the stored advantage plus V(s_t), rounded once: what `adv + values` gives
-        b_x = b_x.to(p_adv.dtype.element_ty).to(ACC)
-        tl.store(p_tgt + off, b_x + tl.load(ins[1] + off, mask=m, other=0).to(ACC), mask=m)
+    store_with_value(outs[0], outs[1], b_x, ins[1], off, m, K[4], False, ACC)  # K[4]: TARGET
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
@@ -200,18 +211,27 @@ def vtrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC
 
 
 @triton.jit
+def store_off_policy(p_t, p_adv, ctx, b_d, b_x1, b_d1, off, m):
+    """V-trace's and Retrace's outputs from the prologue's ctx (rho, r, x = v or q, boundary, end, gamma):
+    the targets x_t + D_t and the advantages rho (r + gamma X_t - x_t), X_t the end value at boundary
+    (and terminated: 0) steps, x_{t+1} + D_{t+1} (the next step's target) elsewhere."""
+    b_rho, b_r, b_x, q_bnd, b_end, gamma = ctx  # gamma: the scalar, or gamma_t at the slots
+    b_xt = tl.where(q_bnd, b_end, b_x1 + b_d1)
+    tl.store(p_t + off, b_x + b_d, mask=m)
+    tl.store(p_adv + off, b_rho * (b_r + gamma * b_xt - b_x), mask=m)
+
+
+@triton.jit
 def vtrace_epilogue(outs, ins, hps, ctx, b_d, b_d1, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
     NEXT_ALL: tl.constexpr = K[3]
     p_vs, p_adv = outs
-    b_rho, b_r, b_v, q_bnd, b_vnext, gamma = ctx  # gamma: the scalar, or gamma_t at the slots
+    q_bnd, b_vnext = ctx[3], ctx[4]  # boundary (or terminated) steps, v_next (vtrace_prologue)
     if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
         b_v1 = tl.load(ins[3] + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
     else:
         b_v1 = b_vnext
     # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer; v_next (0) at terminated steps too
-    b_q = tl.where(q_bnd, b_vnext, b_v1 + b_d1)
-    tl.store(p_vs + off, b_v + b_d, mask=m)
-    tl.store(p_adv + off, b_rho * (b_r + gamma * b_q - b_v), mask=m)  # q_t is 0 at terminated steps
+    store_off_policy(p_vs, p_adv, ctx, b_d, b_v1, b_d1, off, m)
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
@@ -371,14 +391,13 @@ def retrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, AC
 def retrace_epilogue(outs, ins, hps, ctx, b_d, b_d1, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
     SHIFT: tl.constexpr = K[4]
     p_qt, p_adv = outs
-    b_rho, b_r, b_q, q_bnd, b_e, gamma = ctx  # gamma: the scalar, or gamma_t at the slots
+    b_q, q_bnd = ctx[2], ctx[3]  # q_t, boundary (or terminated) steps (retrace_prologue)
     if SHIFT:  # q_{t+1} from registers (used only where t is no boundary, so t + 1 < T)
         b_q1 = _env_next(b_q)
     else:
         b_q1 = tl.load(ins[3] + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
-    b_x = tl.where(q_bnd, b_e, b_q1 + b_d1)  # q_targets_{t+1} inside the buffer; E_t (0) at terminated steps
-    tl.store(p_qt + off, b_q + b_d, mask=m)
-    tl.store(p_adv + off, b_rho * (b_r + gamma * b_x - b_q), mask=m)  # X_t is 0 at terminated steps
+    # q_targets_{t+1} inside the buffer; E_t (0) at terminated steps
+    store_off_policy(p_qt, p_adv, ctx, b_d, b_q1, b_d1, off, m)
 
 
 @triton.jit(
@@ -483,12 +502,7 @@ def returns_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, AC
 
 @triton.jit
 def returns_epilogue(outs, ins, hps, ctx, b_g, b_gn, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
-    ADV: tl.constexpr = K[3]
-    p_g, p_adv = outs
-    tl.store(p_g + off, b_g, mask=m)
-    if ADV:  # the stored return minus V(s_t), rounded once: what `returns - values` gives
-        b_g = b_g.to(p_g.dtype.element_ty).to(ACC)
-        tl.store(p_adv + off, b_g - tl.load(ins[5] + off, mask=m, other=0).to(ACC), mask=m)
+    store_with_value(outs[0], outs[1], b_g, ins[5], off, m, K[3], True, ACC)  # K[3]: ADV
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "lmbda_hi", "lmbda_lo"])
