@@ -24,5 +24,5 @@ def test_modules_subpackage_imports_torchrl():
     out = _run("import sys, rl_triton.modules as m\nprint('torchrl' in sys.modules, sorted(m.__all__))")
     assert out.startswith("True")
     for name in ("GAE", "MultiAgentGAE", "Retrace", "Reward2GoTransform", "TD0Estimator", "TD1Estimator",
-                 "TDLambdaEstimator", "VTrace", "register_with_torchrl"):  # fmt: skip
+                 "TDLambdaEstimator", "VTrace", "TokenGAE", "GroupAdvantage", "register_with_torchrl"):  # fmt: skip
         assert f"'{name}'" in out
