@@ -59,7 +59,11 @@ def _env() -> dict:
 def run_script(script: str, *args: str, timeout: float, cwd: Path):
     """Runs ``python examples/<script> args`` and returns (returncode, output, seconds). On timeout
     the whole process group (the script and any actor processes it started) is killed."""
-    cmd = [sys.executable, str(EXAMPLES / script), *args]
+    return run_command([sys.executable, str(EXAMPLES / script), *args], timeout=timeout, cwd=cwd)
+
+
+def run_command(cmd: list[str], *, timeout: float, cwd: Path):
+    """Runs ``cmd`` in a process group of its own; returns (returncode, output, seconds), as run_script."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd,

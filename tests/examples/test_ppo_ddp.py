@@ -6,38 +6,17 @@ Like test_examples.py, each run is a subprocess in its own session, killed as a 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
 
 import pytest
 
-from .test_examples import EXAMPLES, SMOKE_TIMEOUT_S, _env, _import_common, _kill_group, parse_result
+from .test_examples import EXAMPLES, SMOKE_TIMEOUT_S, _import_common, parse_result, run_command
 
 pytest.importorskip("torch.distributed.run", reason="needs torchrun (torch.distributed)")
 
 
 def _run(cmd: list[str], cwd, timeout: float = SMOKE_TIMEOUT_S):
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s; output:\n{out[-4000:]}")
-    finally:
-        _kill_group(proc)
-    return proc.returncode, out, time.perf_counter() - start
+    return run_command(cmd, timeout=timeout, cwd=cwd)
 
 
 def _ddp_line(out: str) -> dict:
