@@ -66,6 +66,21 @@ def build_parser():
     return p
 
 
+def optimize(losses, params, optim, args, progress: float) -> None:
+    """One gradient step on the PPO losses: clipped gradient norm, the learning rate annealed linearly over
+    training when asked (``progress``: the fraction of updates done)."""
+    loss = losses["loss_objective"] + losses["loss_critic"]
+    if "loss_entropy" in losses.keys():
+        loss = loss + losses["loss_entropy"]
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+    if args.anneal_lr:
+        for g in optim.param_groups:
+            g["lr"] = args.lr * max(0.0, 1.0 - progress)
+    optim.step()
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.smoke:
@@ -138,17 +153,7 @@ def main(argv=None):
                 buffer.empty()
                 buffer.extend(batch.reshape(-1))
                 for minibatch in buffer:  # each transition once per epoch
-                    losses = loss_fn(minibatch)
-                    loss = losses["loss_objective"] + losses["loss_critic"]
-                    if "loss_entropy" in losses.keys():
-                        loss = loss + losses["loss_entropy"]
-                    optim.zero_grad(set_to_none=True)
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(loss_fn.parameters(), args.max_grad_norm)
-                    if args.anneal_lr:
-                        for g in optim.param_groups:
-                            g["lr"] = args.lr * max(0.0, 1.0 - updates / n_updates)
-                    optim.step()
+                    optimize(loss_fn(minibatch), loss_fn.parameters(), optim, args, updates / n_updates)
                     updates += 1
             collector.update_policy_weights_()
     finally:

@@ -30,7 +30,6 @@ import _common as common
 import ppo
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from rl_triton.distributed import normalize_advantages
 
@@ -196,17 +195,8 @@ def train(args, rank: int, world: int, device: torch.device, group):
                     if args.adv_norm != "batch":
                         pg = group if args.adv_norm == "minibatch" else None  # "rank": this shard's statistics
                         mb.set("advantage", normalize_advantages(mb.get("advantage"), process_group=pg))
-                    losses = ddp_loss(mb)
-                    loss = losses["loss_objective"] + losses["loss_critic"]
-                    if "loss_entropy" in losses.keys():
-                        loss = loss + losses["loss_entropy"]
-                    optim.zero_grad(set_to_none=True)
-                    loss.backward()  # DDP averages the gradients over ranks here
-                    nn.utils.clip_grad_norm_(loss_fn.parameters(), args.max_grad_norm)
-                    if args.anneal_lr:
-                        for g in optim.param_groups:
-                            g["lr"] = args.lr * max(0.0, 1.0 - updates / n_updates)
-                    optim.step()
+                    # DDP averages the gradients over ranks in the backward pass
+                    ppo.optimize(ddp_loss(mb), loss_fn.parameters(), optim, args, updates / n_updates)
                     updates += 1
             collector.update_policy_weights_()
     finally:
