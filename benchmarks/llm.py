@@ -579,20 +579,12 @@ def measure(cfg: Config, opts: B.Options) -> dict:
     """Checks our primary call, our verl-form call and every applicable baseline against the float64 reference,
     then times them. Returns one JSON row (the schema of suite.measure's, plus group_size, num_groups,
     kernel_timing, copy_us and targets)."""
-    from .suite import DTYPES
+    from .suite import DTYPES, base_row
 
     spec = SPECS[cfg.function]
     x = TokenInputs(cfg.num_envs, cfg.seq_len, DTYPES[cfg.dtype], opts.device, cfg.group_size)
     ctx = Context(spec, x, opts)
-    row = {
-        "function": cfg.function,
-        "num_envs": cfg.num_envs,
-        "seq_len": cfg.seq_len,
-        "dtype": cfg.dtype,
-        "family": cfg.family,
-        "verified_on": ctx.window.describe(),
-        "tolerance": ctx.tol,
-    }
+    row = base_row(cfg, ctx)
     if spec.outcome:
         row |= {"group_size": x.group_size, "num_groups": x.num_groups}
     try:

@@ -69,14 +69,9 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def measure(cfg: Config, opts: B.Options) -> dict:
-    """Checks our primary call and every applicable baseline against the float64 reference, then
-    times them. Returns one JSON row."""
-    spec = specs.SPECS[cfg.function]
-    dtype = DTYPES[cfg.dtype]
-    x = specs.Inputs(cfg.num_envs, cfg.seq_len, dtype, opts.device)
-    ctx = B.Context(spec, x, opts)
-    row = {
+def base_row(cfg, ctx) -> dict:
+    """The fields every result row starts with: the configuration and how its numbers were checked."""
+    return {
         "function": cfg.function,
         "num_envs": cfg.num_envs,
         "seq_len": cfg.seq_len,
@@ -85,6 +80,16 @@ def measure(cfg: Config, opts: B.Options) -> dict:
         "verified_on": ctx.window.describe(),
         "tolerance": ctx.tol,
     }
+
+
+def measure(cfg: Config, opts: B.Options) -> dict:
+    """Checks our primary call and every applicable baseline against the float64 reference, then
+    times them. Returns one JSON row."""
+    spec = specs.SPECS[cfg.function]
+    dtype = DTYPES[cfg.dtype]
+    x = specs.Inputs(cfg.num_envs, cfg.seq_len, dtype, opts.device)
+    ctx = B.Context(spec, x, opts)
+    row = base_row(cfg, ctx)
     try:
         ours = ctx.ours_call_us(f"{spec.name}:primary")  # checks against the reference first
         call, _, _ = B.ours_call(f"{spec.name}:primary", x)
