@@ -381,6 +381,21 @@ def test_lookback_stress_cuda(in_place, name, shape, window, epochs):
         assert torch.equal(o, outs[0])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="compiled kernels on a GPU")
+def test_lookback_fresh_inputs_cuda():
+    """Time-major Retrace over the look-back (N64-T100: 2 env blocks of 4 time blocks), fresh inputs every call,
+    against the float64 reference. Repeated calls on the same inputs cannot fail this way: a stale aggregate from
+    the previous call has the same value. Folding a copy of a block's words other than the one the wait had checked
+    gave a wrong carry in about one call in ten on an H200 (core._fold_tagged)."""
+    assert _chosen("compute_retrace", 64, 100).split is Split.LOOKBACK
+    for _ in range(150):
+        kwargs = _tm_kwargs("compute_retrace", (64, 100), device="cuda")
+        out = R.compute_retrace(**kwargs)
+        ref = reference.compute_retrace(**{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+        for o, r in zip(out, ref, strict=True):
+            assert_close(o, r, **F32_TOL)
+
+
 @pytest.mark.parametrize("name", FUNCTIONS if torch.cuda.is_available() and not R.INTERPRET else [])  # compiled
 def test_lookback_cuda_graph(name):
     """A time-major call through the look-back captured in a CUDA graph (its flags leased from the arena) gives

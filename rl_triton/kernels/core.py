@@ -459,11 +459,16 @@ def _fold_tagged(p_a, p_b, o_b, m_b, LEVEL, W: tl.constexpr):
     Returns (A, B) [W]."""
     off = o_b.to(tl.int64)[:, None] * W + tl.arange(0, W)[None, :]
     m = m_b[:, None] & (off >= 0)  # (off >= 0: always true) broadcasts the mask to [S, W]
-    wa = tl.load(p_a + off, mask=m, other=0, volatile=True)
-    wb = tl.load(p_b + off, mask=m, other=0, volatile=True)
-    while tl.min(tl.min(_tag_late(wa, wb, m, LEVEL), 1), 0) < 0:
+    pending = True
+    while pending:
         wa = tl.load(p_a + off, mask=m, other=0, volatile=True)
         wb = tl.load(p_b + off, mask=m, other=0, volatile=True)
+        pending = tl.min(tl.min(_tag_late(wa, wb, m, LEVEL), 1), 0) < 0
+    # Loaded once more after the wait: the wait's reduction reads one copy of each word, but where the layout
+    # holds a word in several threads the copy folded below may be another, loaded before the word was published
+    # (stale aggregates in about one call in ten on an H200). After the wait's barrier every copy is current.
+    wa = tl.load(p_a + off, mask=m, other=0, volatile=True)
+    wb = tl.load(p_b + off, mask=m, other=0, volatile=True)
     b_A, b_B = tl.associative_scan(
         (tl.where(m, wa.to(tl.int32).to(tl.float32, bitcast=True), 1.0),
          tl.where(m, wb.to(tl.int32).to(tl.float32, bitcast=True), 0.0)),
