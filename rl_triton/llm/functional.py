@@ -93,11 +93,11 @@ def _check_count(count: torch.Tensor, need: int, check: bool) -> None:
         raise ValueError("the mask has a single valid token: the unbiased variance needs at least two")
 
 
-def _plan(plan, r: torch.Tensor):
+def _plan(plan, r: torch.Tensor, estimator: str):
     """The launch plan of a token scan of ``r``: :func:`plans.choose`'s, or ``plan`` once checked."""
     from . import plans
 
-    return plans.choose(r.shape[0], r.shape[1], r.dtype) if plan is None else plans.check(plan)
+    return plans.choose(r.shape[0], r.shape[1], r.dtype, estimator) if plan is None else plans.check(plan)
 
 
 def _combined(stats, process_group):
@@ -248,7 +248,7 @@ def compute_gae_advantage_return(
     r, m = _token_inputs(token_level_rewards, response_mask, values)
     b = r.shape[0]
     gamma, lam = _hyper("gamma", gamma, b, r), _hyper("lam", lam, b, r)
-    plan = _plan(plan, r)
+    plan = _plan(plan, r, "gae")
     if use_kernels(r.device):
         from . import _kernels
 
@@ -310,7 +310,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
             raise TypeError("compute_reinforce_plus_plus_outcome_advantage: pass gamma= (or config with .gamma)")
         gamma = config["gamma"] if isinstance(config, dict) else config.gamma
     gamma = _hyper("gamma", gamma, r.shape[0], r)
-    plan = _plan(plan, r)
+    plan = _plan(plan, r, "reinforce_pp")
     if use_kernels(r.device):
         from . import _kernels
 

@@ -85,11 +85,17 @@ def check(plan: TokenPlan) -> TokenPlan:
 
 
 DEFAULT = TokenPlan()
+# GAE's two-value state runs faster with fewer, fuller threads: 4 warps a program (32 tokens a thread in a
+# 4096-token block) rather than one warp per 256 tokens. REINFORCE++'s one-value state does not (docs/llm.md).
+GAE_PLAN = TokenPlan(warps=4)
 
 
-def choose(b: int, t: int, dtype: torch.dtype) -> TokenPlan:
-    """The plan of a token scan of ``b`` rows of ``t`` tokens of ``dtype``: one plan for every shape and dtype,
-    blocks of 4096 tokens (on an H200 a 4096-token row was a third faster as one block than as two of 2048, and
-    a 32768-token row no slower in blocks of 4096), rows longer than that carried by the one-launch look-back
-    (two launches inside a CUDA graph capture). docs/llm.md, "Kernels"."""
-    return DEFAULT
+def choose(b: int, t: int, dtype: torch.dtype, estimator: str = "gae") -> TokenPlan:
+    """The plan of a token scan of ``b`` rows of ``t`` tokens of ``dtype`` for ``estimator`` (``"gae"`` or
+    ``"reinforce_pp"``): blocks of 4096 tokens for every shape (on an H200 a 4096-token row was a third faster as
+    one block than as two of 2048, and a 32768-token row no slower in blocks of 4096), rows longer than that
+    carried by the one-launch look-back (two launches inside a CUDA graph capture); GAE on 2- and 4-byte floats
+    in 4 warps a program. docs/llm.md, "Kernels"."""
+    if estimator not in ("gae", "reinforce_pp"):
+        raise ValueError(f"estimator must be 'gae' or 'reinforce_pp', got {estimator!r}")
+    return GAE_PLAN if estimator == "gae" and dtype != torch.float64 else DEFAULT

@@ -80,7 +80,7 @@ CASES = [  # (B, T, dtype, mode): the shapes measured, short rows, float64
 def main(argv: list[str]) -> None:
     plans = []
     for b, t, dtype, mode in CASES:
-        plans.append((b, t, dtype, mode, choose(b, t, dtype)))
+        plans.append((b, t, dtype, mode, choose(b, t, dtype, "reinforce_pp" if mode else "gae")))
     for block in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192):  # every block, both splits, split rows
         for split in Split:
             for mode, dtype in ((0, torch.float32), (1, torch.float32), (0, torch.float64), (1, torch.bfloat16)):

@@ -232,10 +232,14 @@ def test_deterministic(kernel_path):
 
 
 def test_default_plan():
-    """The chosen plan is today's launch: blocks of 4096 tokens, the grouped form, the look-back split, 8 tokens a
-    thread."""
+    """The chosen plan is today's launch: blocks of 4096 tokens, the grouped form, the look-back split; GAE on 2- and
+    4-byte floats in 4 warps, the rest 8 tokens a thread."""
     for shape, dtype in (((64, 32768), torch.float32), ((3, 5), torch.float64), ((4096, 512), torch.bfloat16)):
-        assert plans.choose(*shape, dtype) == TokenPlan(4096, Form.GROUPED, Split.LOOKBACK, None)
+        rule = TokenPlan(4096, Form.GROUPED, Split.LOOKBACK, None)
+        assert plans.choose(*shape, dtype, "reinforce_pp") == rule
+        assert plans.choose(*shape, dtype) == (rule if dtype == torch.float64 else TokenPlan(warps=4))
+    with pytest.raises(ValueError, match="estimator"):
+        plans.choose(3, 5, torch.float32, "grpo")
     assert TokenPlan(form="grouped", split="two_pass") == TokenPlan(split=Split.TWO_PASS)
 
 
