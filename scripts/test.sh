@@ -71,7 +71,8 @@ for arg in "$@"; do
 done
 parallel=()
 if [[ -n "$workers" && "$workers" != 0 ]]; then
-    parallel=(-n "$workers")
+    # worksteal: a worker that runs out of tests takes some of another's (the slowest tests no longer form a tail)
+    parallel=(-n "$workers" --dist worksteal)
 fi
 perf_after=0
 if [[ "$cuda" == 1 && "${targets[*]}" == "tests/" && ${#parallel[@]} -gt 0 ]]; then

@@ -28,6 +28,11 @@ import rl_triton  # noqa: E402
 CUDA = torch.cuda.is_available()
 COMPILED = CUDA and not rl_triton.INTERPRET  # compiled kernels on the GPU
 
+# pytest-xdist runs a worker per core: torch's intra-op threads would only contend with the other workers (the
+# interpreted multi-block tests took a third longer with them on 2 cores). OMP_NUM_THREADS, if set, wins.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(1)
+
 
 @dataclass(frozen=True)
 class Path:

@@ -9,7 +9,7 @@ from rl_triton.kernels.plans import Form, Plan, Split
 from tests._helpers import equal_results
 from tests.test_multiblock import CALLS, FORWARD, _inputs
 
-# rows of 300 steps in 32-step chunks: single pass, split into 10 time blocks
+# rows of 160 steps in 32-step chunks: single pass, split into 5 time blocks (look-back windows of 4: both levels)
 SPLITS = {"single": None, "two-pass": Split.TWO_PASS, "lookback": Split.LOOKBACK}
 
 
@@ -19,7 +19,7 @@ def test_bitwise_repeatable(kernel_path, split, fn):
     plan = None
     if SPLITS[split] is not None:
         plan = Plan(1, 32, 4, Form.PLAIN if fn in FORWARD else Form.GROUPS4, SPLITS[split], window=4)
-    x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(3, 300, kernel_path.device).items()}
+    x = {k: v.float() if v.is_floating_point() else v for k, v in _inputs(3, 160, kernel_path.device).items()}
     equal_results(CALLS[fn](x, plan), CALLS[fn](x, plan))  # zero tolerance: equal values, dtypes and devices
 
 

@@ -92,10 +92,11 @@ def test_matches_reference(path, name, shape):
     equal_results(out, getattr(R, name)(**kwargs), atol=1e-6, rtol=1e-6)
 
 
-# Rows of 3 envs and 2100 steps: 33 chunks of 64 steps (Retrace: 66 of 32) in one env block, split into one time
-# block per chunk; the look-back in windows of 16, so both levels of windows.
+# Rows of 3 envs and 579 steps: 10 chunks of 64 steps (Retrace: 19 of 32) in one env block, split into one time
+# block per chunk; the look-back in windows of 8, so both levels of windows.
+_SPLIT_T = 579
 _SPLITS = {
-    "lookback": dict(split=Split.LOOKBACK, window=16, chunks_per_block=1),
+    "lookback": dict(split=Split.LOOKBACK, window=8, chunks_per_block=1),
     "two-pass": dict(split=Split.TWO_PASS, window=1, chunks_per_block=1),
 }
 
@@ -106,11 +107,11 @@ def test_split_rows(kernel_path, name, split):
     """Rows split into time blocks: the look-back over blocks of envs (core.lookback_envs) and the two-pass split,
     both whichever the launcher would take (the look-back, but for the discounted returns' short splits). A second
     call gives the same bits (the plan's launch cached with its flags: the look-back's epochs advanced in between)."""
-    chosen = _chosen(name, 3, 2100)
+    chosen = _chosen(name, 3, _SPLIT_T)
     assert chosen.split is (Split.TWO_PASS if name == "compute_discounted_returns" else Split.LOOKBACK)
     plan = replace(chosen, **_SPLITS[split])
-    assert plan.split is not Split.LOOKBACK or plan.window < plans.cdiv(2100, plan.bt)
-    kwargs = _tm_kwargs(name, (3, 2100), device=kernel_path.device)
+    assert plan.split is not Split.LOOKBACK or plan.window < plans.cdiv(_SPLIT_T, plan.bt)
+    kwargs = _tm_kwargs(name, (3, _SPLIT_T), device=kernel_path.device)
     out = _checked(name, kwargs, plan)
     equal_results(out, getattr(R, name)(**kwargs, plan=plan), atol=0, rtol=0)
 
@@ -120,7 +121,10 @@ def test_split_rows(kernel_path, name, split):
 _FORMS = {"descending": Form.DESCENDING, "group-major": Form.GROUPS4}
 # Rows longer than one env-major group: in one pass (the launcher would split these), and split into time blocks.
 # The launcher's own form of the split rows is left out: that is test_split_rows' plan.
-_FORM_ROWS = {"N70-T300-single": ((70, 300), dict(split=Split.SINGLE, window=1)), "N3-T2100-split": ((3, 2100), {})}
+_FORM_ROWS = {
+    "N70-T300-single": ((70, 300), dict(split=Split.SINGLE, window=1)),
+    f"N3-T{_SPLIT_T}-split": ((3, _SPLIT_T), {}),
+}
 _FORM_CASES = [
     pytest.param(name, rows, form, id=f"{name}-{rows}-{form}")
     for name in FUNCTIONS
