@@ -100,12 +100,19 @@ def _launchers():
     return _LAUNCH
 
 
-def _fast(e, tensors, at, build, inputs, two, gamma, lambda_=None, bars=()):
-    """The fast path's launch of the cache entry ``e`` (filed under ``at``): checks gamma, then lambda_ (None:
-    the function has none), then the ``(name, value)`` clipping ``bars`` as the prepared path does, allocates
-    the output like ``tensors[e.like_at]`` (and a second one when ``two``) and launches with the arguments the
-    launchers' ``build`` makes of ``inputs``. None without a kept launch or for a tensor gamma/lambda_: the
-    prepared path then runs."""
+def _fast(key, plan, tensors, diff_at, at, build, inputs, two, gamma, lambda_=None, bars=()):
+    """The fast path: for a call without ``plan`` whose validation cache entry (filed under ``key``) is
+    :func:`launchable` (``diff_at``: the differentiable inputs' positions in ``tensors``), the launch the entry
+    keeps under ``at``. Checks gamma, then lambda_ (None: the function has none), then the ``(name, value)``
+    clipping ``bars`` as the prepared path does, allocates the output like ``tensors[e.like_at]`` (and a second
+    one when ``two``) and launches with the arguments the launchers' ``build`` makes of ``inputs``. None where
+    the prepared path must run: a plan, a miss, an entry that cannot launch directly, no kept launch, a tensor
+    gamma/lambda_."""
+    if plan is not None:
+        return None
+    e = _validation._CACHE.get(key)
+    if not launchable(e, tensors, diff_at):
+        return None
     launch = e.plans.get(at)
     if launch is None:
         return None
@@ -196,14 +203,12 @@ def compute_gae(
         _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
     tensors = (rewards, values, bootstrap_values, terminateds, truncateds, last_value)
     key = signature(fn, _GAE_PLAIN, None, tensors)
-    e = _validation._CACHE.get(key)
-    if plan is None and launchable(e, tensors, _GAE_AT):
-        out = _fast(
-            e, tensors, _GAE_LAUNCH, "gae_args",
-            (rewards, values, terminateds, truncateds, bootstrap_values, last_value), False, gamma, lambda_,
-        )  # fmt: skip
-        if out is not None:
-            return out
+    out = _fast(
+        key, plan, tensors, _GAE_AT, _GAE_LAUNCH, "gae_args",
+        (rewards, values, terminateds, truncateds, bootstrap_values, last_value), False, gamma, lambda_,
+    )  # fmt: skip
+    if out is not None:
+        return out
     return _gae(
         fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False, plan=plan,
         key=key,
@@ -263,14 +268,12 @@ def gae_with_next_values(
     fn = "gae_with_next_values"
     tensors = (rewards, values, next_values, terminateds, dones, None)
     key = signature(fn, _GAE_NEXT, rows, tensors)
-    e = _validation._CACHE.get(key)
-    if plan is None and launchable(e, tensors, _GAE_AT):
-        out = _fast(
-            e, tensors, _GAE_NEXT_LAUNCH[bool(targets)], "gae_args",
-            (rewards, values, terminateds, dones, next_values, None), targets, gamma, lambda_,
-        )  # fmt: skip
-        if out is not None:
-            return out
+    out = _fast(
+        key, plan, tensors, _GAE_AT, _GAE_NEXT_LAUNCH[bool(targets)], "gae_args",
+        (rewards, values, terminateds, dones, next_values, None), targets, gamma, lambda_,
+    )  # fmt: skip
+    if out is not None:
+        return out
     return _gae(
         fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows, plan, key=key
     )
@@ -352,15 +355,13 @@ def _vtrace(
 ):  # fmt: skip
     tensors = (log_pi_target, log_pi_behavior, values, rewards, bootstrap_values, terminateds, truncateds, last_value)
     key = signature(fn, _VTRACE_REQUIRED, None, tensors)
-    e = _validation._CACHE.get(key)
-    if plan is None and launchable(e, tensors, _VTRACE_AT):
-        out = _fast(
-            e, tensors, _VTRACE_LAUNCH[next_all], "vtrace_args",
-            (log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, bootstrap_values, last_value),
-            True, gamma, None, (("rho_bar", rho_bar), ("c_bar", c_bar)),
-        )  # fmt: skip
-        if out is not None:
-            return out
+    out = _fast(
+        key, plan, tensors, _VTRACE_AT, _VTRACE_LAUNCH[next_all], "vtrace_args",
+        (log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, bootstrap_values, last_value),
+        True, gamma, None, (("rho_bar", rho_bar), ("c_bar", c_bar)),
+    )  # fmt: skip
+    if out is not None:
+        return out
     s = {
         "gamma": discount("gamma", gamma),
         "rho_bar": scalar("rho_bar", rho_bar, hi=None),
@@ -476,16 +477,14 @@ def compute_retrace(
     )  # fmt: skip
     key = signature(fn, _RETRACE_REQUIRED, None, tensors)
     # the cache never keeps a call with CPU actions (_validation.cacheable_actions): a miss leaves that to prepare
-    e = _validation._CACHE.get(key)
-    if plan is None and launchable(e, tensors, _RETRACE_AT):
-        out = _fast(
-            e, tensors, _RETRACE_LAUNCH, "retrace_args",
-            (action_probs_target, next_action_probs_target, action_probs_behavior, q_values, next_q_values_all, actions,
-             rewards, terminateds, truncateds),
-            True, gamma, lambda_, (("c_bar", c_bar), ("rho_bar", rho_bar)),
-        )  # fmt: skip
-        if out is not None:
-            return out
+    out = _fast(
+        key, plan, tensors, _RETRACE_AT, _RETRACE_LAUNCH, "retrace_args",
+        (action_probs_target, next_action_probs_target, action_probs_behavior, q_values, next_q_values_all, actions,
+         rewards, terminateds, truncateds),
+        True, gamma, lambda_, (("c_bar", c_bar), ("rho_bar", rho_bar)),
+    )  # fmt: skip
+    if out is not None:
+        return out
     s = {
         "gamma": discount("gamma", gamma),
         "lambda_": discount("lambda_", lambda_),
@@ -503,7 +502,7 @@ def compute_retrace(
         },
         actions=("actions", actions),
         required=_RETRACE_REQUIRED,
-        key=_UNKNOWN if e is None else key,
+        key=key if key in _validation._CACHE else _UNKNOWN,
     )
     if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
         per_step(p, s)  # a per-env or per-step gamma or lambda_
@@ -564,14 +563,12 @@ def compute_discounted_returns(
     fn = "compute_discounted_returns"
     tensors = (rewards, bootstrap_values, terminateds, truncateds)
     key = signature(fn, _RETURNS_REQUIRED, None, tensors)
-    e = _validation._CACHE.get(key)
-    if plan is None and launchable(e, tensors, (0, 1)):
-        out = _fast(
-            e, tensors, _RETURNS_LAUNCH, "returns_args",
-            (rewards, None, terminateds, truncateds, bootstrap_values, None), False, gamma, 1.0,
-        )  # fmt: skip
-        if out is not None:
-            return out
+    out = _fast(
+        key, plan, tensors, (0, 1), _RETURNS_LAUNCH, "returns_args",
+        (rewards, None, terminateds, truncateds, bootstrap_values, None), False, gamma, 1.0,
+    )  # fmt: skip
+    if out is not None:
+        return out
     s = {"gamma": discount("gamma", gamma), "lambda_": 1.0}
     p = prepare(
         fn,
@@ -639,14 +636,12 @@ def compute_lambda_returns(
     fn = "compute_lambda_returns"
     tensors = (rewards, next_values, bootstrap_values, terminateds, truncateds)
     key = signature(fn, _LAMBDA_REQUIRED, None, tensors)
-    e = _validation._CACHE.get(key)
-    if plan is None and launchable(e, tensors, (0, 1, 2)):
-        out = _fast(
-            e, tensors, _RETURNS_LAUNCH, "returns_args",
-            (rewards, next_values, terminateds, truncateds, bootstrap_values, None), False, gamma, lambda_,
-        )  # fmt: skip
-        if out is not None:
-            return out
+    out = _fast(
+        key, plan, tensors, (0, 1, 2), _RETURNS_LAUNCH, "returns_args",
+        (rewards, next_values, terminateds, truncateds, bootstrap_values, None), False, gamma, lambda_,
+    )  # fmt: skip
+    if out is not None:
+        return out
     s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_)}
     p = prepare(
         fn,
@@ -679,14 +674,12 @@ def returns_with_advantages(
     fn = "returns_with_advantages"
     tensors = (rewards, values, next_values, bootstrap_values, terminateds, truncateds)
     key = signature(fn, _RWA_REQUIRED, rows, tensors)
-    e = _validation._CACHE.get(key)
-    if plan is None and launchable(e, tensors, (0, 1, 2, 3)):
-        out = _fast(
-            e, tensors, _RWA_LAUNCH, "returns_args",
-            (rewards, next_values, terminateds, truncateds, bootstrap_values, values), True, gamma, lambda_,
-        )  # fmt: skip
-        if out is not None:
-            return out
+    out = _fast(
+        key, plan, tensors, (0, 1, 2, 3), _RWA_LAUNCH, "returns_args",
+        (rewards, next_values, terminateds, truncateds, bootstrap_values, values), True, gamma, lambda_,
+    )  # fmt: skip
+    if out is not None:
+        return out
     s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_)}
     p = prepare(
         fn,
