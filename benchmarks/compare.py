@@ -1,0 +1,366 @@
+"""The speed gate: the kernel time of BASE and of the working tree, measured in one run.
+
+``python -m benchmarks.compare BASE`` checks BASE (a commit, tag or branch) out into a temporary git worktree,
+then times the rl_triton calls of both trees in alternating processes (BASE, HEAD, then HEAD, BASE, ...) on the
+GPU: each process imports its own tree's ``rl_triton`` and times every configuration the same way (the
+``do_bench`` median of a CUDA-graph replay of one public call, L2 flushed), plus a device-to-device copy of a
+fixed size as the control: the copy's code is the same in both trees, so its ratio shows whether the machine
+moved between the processes. Rows are measured in at least ``--rounds`` rounds; rows that look slower than BASE
+get more rounds (up to ``--max-rounds``). Per row and tree the best round counts; the spread is the larger of the
+two trees' relative ranges over their rounds. A row is a regression when HEAD / BASE > 1 + threshold + spread
+(threshold 3 %); the exit status is then 1. Outputs are hashed in every process, so the table also says whether
+the trees compute the same bits.
+
+BASE may also be a directory that holds a tree (its ``rl_triton`` package is imported from there), for machines
+without the repository's history: ``git archive BASE rl_triton | tar -x -C DIR``.
+
+Examples::
+
+    python -m benchmarks.compare main                                     # the quick suite's shapes
+    python -m benchmarks.compare b6064a8 --shapes 4096x2048,8192x4096 --dtypes float32,bfloat16
+    python -m benchmarks.compare HEAD~1 --functions vtrace,retrace --time-major --shapes 16384x512
+    python -m benchmarks.compare main --device cpu --shapes 4x16          # plumbing only: times mean nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+THRESHOLD = 0.03
+CONTROL = "copy (control)"
+CONTROL_BYTES = 1 << 28  # 256 MiB moved (half read, half written): large against the L2, short to time
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One configuration: a benchmark spec's primary call (benchmarks/specs.py) on N x T inputs."""
+
+    function: str
+    num_envs: int
+    seq_len: int
+    dtype: str
+    time_major: bool = False
+    num_actions: int = 4
+
+    @property
+    def key(self) -> str:
+        layout = " time-major" if self.time_major else ""
+        actions = f" A={self.num_actions}" if self.function == "compute_retrace" and self.num_actions != 4 else ""
+        return f"{self.function} {self.num_envs}x{self.seq_len} {self.dtype}{layout}{actions}"
+
+
+def quick_rows(functions: list[str]) -> list[Row]:
+    """The quick suite's configurations (benchmarks/suite.py, quick_configs)."""
+    out = [Row(f, n, t, "float32") for f in functions for n, t in ((64, 512), (4096, 2048))]
+    if "compute_gae" in functions:
+        out += [
+            Row("compute_gae", 4096, 2048, "bfloat16"),
+            Row("compute_gae", 1, 1 << 20, "float32"),
+            Row("compute_gae", 32768, 8, "float32"),
+        ]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the worker
+
+
+def _import_tree(tree: Path):
+    """Imports ``rl_triton`` from ``tree`` (first on sys.path), then this repository's benchmarks package."""
+    sys.path.insert(0, str(tree))
+    import rl_triton
+
+    got = Path(rl_triton.__file__).resolve().parent
+    if got != (tree / "rl_triton").resolve():
+        raise RuntimeError(f"compare: imported rl_triton from {got}, expected {tree / 'rl_triton'}")
+    sys.path[0] = str(REPO)  # the measuring code is HEAD's; rl_triton stays the one imported above
+    return rl_triton
+
+
+def _digest(outputs) -> str:
+    import torch
+
+    h = hashlib.sha1()
+    for o in outputs:
+        h.update(o.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def _copy_us(dev, budget) -> float:
+    """The control: an elementwise device-to-device copy of CONTROL_BYTES (timing.copy_gbps's steady copy)."""
+    import torch
+
+    from benchmarks import timing
+
+    src = torch.empty(CONTROL_BYTES // 8 if dev.type == "cuda" else 1 << 16, device=dev).uniform_()
+    dst = torch.empty_like(src)
+    return timing.kernel_us(lambda: torch.mul(src, 1.0, out=dst), dev, budget, graph=True)
+
+
+def worker(tree: Path, rows: list[dict], device: str, rep_ms: float) -> dict:
+    """Times ``rows`` with the rl_triton of ``tree``; returns {key: {"us", "digest"} or {"error"}}."""
+    _import_tree(tree)
+    import torch
+
+    from benchmarks import specs, timing
+
+    dev = torch.device(device)
+    budget = dataclasses.replace(timing.QUICK, bench_warmup_ms=rep_ms / 4, bench_rep_ms=rep_ms)
+    if dev.type == "cpu":
+        budget = dataclasses.replace(timing.CPU, call_reps=20, call_budget_s=0.2)
+    out = {CONTROL: {"us": _copy_us(dev, budget)}}
+    for raw in rows:
+        row = Row(**raw)
+        saved, specs.NUM_ACTIONS = specs.NUM_ACTIONS, row.num_actions
+        try:
+            spec = specs.SPECS[row.function]
+            x = specs.Inputs(row.num_envs, row.seq_len, getattr(torch, row.dtype), dev, row.time_major)
+            with torch.no_grad():
+                digest = _digest(spec.primary(x))
+                us = timing.kernel_us(lambda: spec.primary(x), dev, budget, graph=True)  # noqa: B023
+            out[row.key] = {"us": us, "digest": digest}
+            x.release()
+        except Exception as exc:  # noqa: BLE001 - a row that fails in one tree is reported, not fatal
+            out[row.key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        finally:
+            specs.NUM_ACTIONS = saved
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+# --------------------------------------------------------------------------------------------- statistics
+
+
+def verdict(base: list[float], head: list[float], threshold: float = THRESHOLD) -> dict:
+    """Ratio, spread and verdict of one row from its per-round times (µs) in each tree: the best round of each
+    counts; the spread is the larger relative range (max - min) / min of the two trees' rounds."""
+    b, h = min(base), min(head)
+    spread = max((max(v) - min(v)) / min(v) for v in (base, head))
+    ratio = h / b
+    if ratio > 1 + threshold + spread:
+        word = "slower"
+    elif ratio < 1 - threshold - spread:
+        word = "faster"
+    else:
+        word = "same"
+    return {"base_us": b, "head_us": h, "ratio": ratio, "spread": spread, "verdict": word}
+
+
+def suspect(base: list[float], head: list[float], threshold: float = THRESHOLD) -> bool:
+    """A row worth another round: slower than the threshold before its spread is taken into account."""
+    return min(head) / min(base) > 1 + threshold
+
+
+def summarise(samples: dict, keys: list[str], threshold: float = THRESHOLD) -> list[dict]:
+    """One table row per key from ``samples[tree][key]`` = list of per-round results ({"us"} or {"error"})."""
+    table = []
+    for key in [CONTROL, *keys]:
+        base, head = samples["base"].get(key, []), samples["head"].get(key, [])
+        errors = {tree: r["error"] for tree, rs in (("base", base), ("head", head)) for r in rs if "error" in r}
+        row = {"row": key, "rounds": min(len(base), len(head))}
+        if errors or not base or not head:
+            row |= {"verdict": "error", "errors": errors}
+        else:
+            row |= verdict([r["us"] for r in base], [r["us"] for r in head], threshold)
+            digests = {r.get("digest") for r in base} | {r.get("digest") for r in head}
+            row["same_bits"] = None if key == CONTROL else len(digests) == 1
+        table.append(row)
+    return table
+
+
+def failed(table: list[dict]) -> list[dict]:
+    """The rows that fail the gate: slower beyond threshold and spread, or failing in HEAD."""
+    return [
+        r for r in table
+        if r["row"] != CONTROL and (r["verdict"] == "slower" or (r["verdict"] == "error" and "head" in r["errors"]))
+    ]  # fmt: skip
+
+
+def markdown(table: list[dict], base_label: str, head_label: str) -> str:
+    lines = [
+        f"| configuration | {base_label} µs | {head_label} µs | ratio | spread | bits | rounds | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+    ]
+    for r in table:
+        if r["verdict"] == "error":
+            errors = "; ".join(f"{tree}: {text}" for tree, text in r["errors"].items())
+            lines.append(f"| {r['row']} | | | | | | | error: {errors} |")
+            continue
+        bits = {True: "same", False: "differ", None: ""}[r["same_bits"]]
+        word = f"**{r['verdict']}**" if r["verdict"] == "slower" else r["verdict"]
+        lines.append(
+            f"| {r['row']} | {r['base_us']:.2f} | {r['head_us']:.2f} | {r['ratio']:.3f} | {r['spread']:.3f} | {bits} "
+            f"| {r['rounds']} | {word} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------- the driver
+
+
+@contextlib.contextmanager
+def checked_out(base: str):
+    """A directory holding BASE's tree: BASE itself if it is one, else a temporary git worktree of the commit."""
+    if Path(base).is_dir():
+        if not (Path(base) / "rl_triton" / "__init__.py").exists():
+            raise SystemExit(f"compare: {base} holds no rl_triton package")
+        yield Path(base).resolve(), base
+        return
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--verify", f"{base}^{{commit}}"], cwd=REPO, capture_output=True, text=True,
+            check=True,
+        ).stdout.strip()  # fmt: skip
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        raise SystemExit(f"compare: {base!r} is neither a commit of this repository nor a directory") from None
+    tmp = Path(tempfile.mkdtemp(prefix="rl_triton-compare-"))
+    tree = tmp / "base"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO, capture_output=True, check=True)
+    try:
+        yield tree, f"{base} ({commit[:7]})"
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_worker(tree: Path, rows: list[Row], device: str, rep_ms: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, result = Path(tmp) / "rows.json", Path(tmp) / "result.json"
+        spec.write_text(json.dumps([dataclasses.asdict(r) for r in rows]))
+        cmd = [sys.executable, "-m", "benchmarks.compare", "--worker", str(tree), str(spec), str(result)]
+        cmd += ["--device", device, "--rep-ms", str(rep_ms)]
+        env = dict(os.environ, PYTHONPATH=str(REPO))  # this repository's benchmarks; the tree's rl_triton first
+        proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
+        if proc.returncode != 0 or not result.exists():
+            raise RuntimeError(f"compare: the worker for {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        return json.loads(result.read_text())
+
+
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="compare", unit="process", file=sys.stderr)
+    except ImportError:  # tqdm is a dev dependency
+        return None
+
+
+def run(base_tree: Path, head_tree: Path, rows: list[Row], *, device: str, rounds: int, max_rounds: int,
+        threshold: float, rep_ms: float, progress: Path | None = None) -> tuple[dict, list[dict]]:  # fmt: skip
+    """Alternating processes, ``rounds`` rounds of every row, then up to ``max_rounds`` for the suspect ones.
+    ``progress``: a file that holds the samples so far after every process (for runs cut short)."""
+    samples = {"base": {}, "head": {}}
+    trees = {"base": base_tree, "head": head_tree}
+    todo = list(rows)
+    bar = _progress(2 * max_rounds)
+    for r in range(max_rounds):
+        if r >= rounds:
+            partial = summarise(samples, [x.key for x in rows], threshold)
+            looked = {t["row"] for t in partial if t["verdict"] != "error"}
+            todo = [
+                x for x in rows
+                if x.key in looked and suspect(*(
+                    [s["us"] for s in samples[side][x.key]] for side in ("base", "head")
+                ), threshold)
+            ]  # fmt: skip
+            if not todo:
+                break
+        for side in ("base", "head") if r % 2 == 0 else ("head", "base"):
+            for key, res in _run_worker(trees[side], todo, device, rep_ms).items():
+                samples[side].setdefault(key, []).append(res)
+            if progress is not None:
+                progress.write_text(json.dumps({"samples": samples}))
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return samples, summarise(samples, [x.key for x in rows], threshold)
+
+
+def _rows(a) -> list[Row]:
+    from . import specs, suite
+
+    functions = specs.resolve(a.functions)
+    if a.shapes is None and a.dtypes is None and not a.time_major:
+        rows = quick_rows(functions)
+        if a.device == "cpu":
+            rows = [Row(r.function, *suite.CPU_SHAPES[0], r.dtype) for r in rows if r.dtype == "float32"]
+            rows = list(dict.fromkeys(rows))
+        return rows
+    shapes = suite.parse_shapes(a.shapes) if a.shapes else [(64, 512), (4096, 2048)]
+    dtypes = (a.dtypes or "float32").split(",")
+    return [Row(f, n, t, d.strip(), a.time_major) for f in functions for d in dtypes for n, t in shapes]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("base", nargs="?", help="commit, tag or branch (or a directory holding a tree) to compare with")
+    ap.add_argument("--head", default=str(REPO), help="the tree measured against BASE (default: this working tree)")
+    ap.add_argument("--functions", default=None, help="e.g. gae,vtrace (default: all seven)")
+    ap.add_argument("--shapes", default=None, help="NxT list, e.g. 4096x2048,64x262144 (default: the quick suite's)")
+    ap.add_argument("--dtypes", default=None, help="e.g. float32,bfloat16 (default float32)")
+    ap.add_argument("--time-major", action="store_true", help="inputs as x.T views of [T, N] buffers")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: plumbing only")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of every row (at least 2: a spread needs two)")
+    ap.add_argument("--max-rounds", type=int, default=4, help="rounds of the rows that look slower")
+    ap.add_argument("--threshold", type=float, default=THRESHOLD, help="allowed slow-down beyond the spread")
+    ap.add_argument("--rep-ms", type=float, default=40.0, help="do_bench's repetition time per row (ms)")
+    ap.add_argument("--json", default=None, help="also write every sample and the table to this file")
+    ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    ap.add_argument("--worker", nargs=3, metavar=("TREE", "ROWS", "OUT"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        tree, rows, out = a.worker
+        Path(out).write_text(json.dumps(worker(Path(tree), json.loads(Path(rows).read_text()), a.device, a.rep_ms)))
+        return 0
+    if not a.base:
+        ap.error("BASE is required")
+    if a.rounds < 2:
+        ap.error("--rounds: at least 2 (the spread of a row needs two rounds)")
+    rows = _rows(a)
+    head = Path(a.head).resolve()
+    t0 = time.time()
+    with checked_out(a.base) as (base_tree, base_label):
+        samples, table = run(
+            base_tree, head, rows, device=a.device, rounds=a.rounds, max_rounds=max(a.rounds, a.max_rounds),
+            threshold=a.threshold, rep_ms=a.rep_ms, progress=Path(a.json) if a.json else None,
+        )  # fmt: skip
+    from . import report
+
+    commit, dirty = report.git_commit(head)
+    head_label = "HEAD" if commit is None else f"HEAD ({commit[:7]}{', dirty' if dirty else ''})"
+    text = markdown(table, base_label, head_label)
+    bad = failed(table)
+    control = next(r for r in table if r["row"] == CONTROL)
+    notes = [f"{len(rows)} configurations, {a.device}, {time.time() - t0:.0f} s; threshold {a.threshold:.0%}"]
+    if control.get("verdict") not in (None, "error") and abs(control["ratio"] - 1) > a.threshold:
+        notes.append(f"the control moved by {control['ratio'] - 1:+.1%}: the machine changed between processes")
+    if a.device == "cpu":
+        notes.append("--device cpu: the times of this run mean nothing (plumbing only)")
+    summary = f"{len(bad)} row(s) slower than {base_label} beyond the threshold and spread" if bad else "no regression"
+    print(text + "\n" + "; ".join(notes) + "\n" + summary)
+    if a.markdown:
+        Path(a.markdown).write_text(text)
+    if a.json:
+        ratios = [r["ratio"] for r in table if "ratio" in r and r["row"] != CONTROL]
+        meta = {"base": base_label, "head": head_label, "device": a.device, "threshold": a.threshold,
+                "median_ratio": statistics.median(ratios) if ratios else None}  # fmt: skip
+        Path(a.json).write_text(json.dumps({"meta": meta, "table": table, "samples": samples}, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The speed gate's plumbing (benchmarks/compare.py) on the CPU: the verdict of a row from its rounds, the table,
+the exit status, the checkout of BASE, and one real run with alternating worker processes (``--device cpu``,
+whose times mean nothing)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks import compare
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "base, head, word",
+    [
+        ([10.0, 10.1], [10.0, 10.2], "same"),
+        ([10.0, 10.0], [10.5, 10.5], "slower"),  # 5 % slower, no spread
+        ([10.0, 10.5], [10.5, 10.6], "same"),  # 5 % slower, but the rounds spread by 5 %
+        ([10.0, 10.0], [9.0, 9.1], "faster"),
+        ([10.0, 10.0], [10.29, 10.3], "same"),  # within the threshold
+    ],
+)
+def test_verdict(base, head, word):
+    v = compare.verdict(base, head)
+    assert v["verdict"] == word
+    assert v["ratio"] == pytest.approx(min(head) / min(base))
+    assert v["spread"] == pytest.approx(max((max(x) - min(x)) / min(x) for x in (base, head)))
+
+
+def test_suspect_rows_get_more_rounds():
+    assert compare.suspect([10.0, 10.5], [10.5, 10.6])  # 5 % before the spread: measured again
+    assert not compare.suspect([10.0, 10.0], [10.2, 10.2])
+
+
+def _samples(rows: dict) -> dict:
+    """{"base": {key: [...]}, "head": {key: [...]}} from {key: (base µs list, head µs list)}."""
+    out = {"base": {}, "head": {}}
+    for key, (b, h) in rows.items():
+        out["base"][key] = [{"us": x, "digest": "d"} if isinstance(x, float) else x for x in b]
+        out["head"][key] = [{"us": x, "digest": "d"} if isinstance(x, float) else x for x in h]
+    return out
+
+
+def test_table_and_failures():
+    control = compare.CONTROL
+    samples = _samples({
+        control: ([100.0, 100.0], [130.0, 130.0]),  # the machine moved: reported, never a failure by itself
+        "fast": ([10.0, 10.0], [9.0, 9.0]),
+        "slow": ([10.0, 10.0], [11.0, 11.0]),
+        "gone": ([10.0, 10.0], [{"error": "ValueError: x"}, {"error": "ValueError: x"}]),
+        "new": ([{"error": "TypeError: y"}], [10.0, 10.0]),
+    })  # fmt: skip
+    table = compare.summarise(samples, ["fast", "slow", "gone", "new"])
+    verdicts = {r["row"]: r["verdict"] for r in table}
+    assert verdicts == {control: "slower", "fast": "faster", "slow": "slower", "gone": "error", "new": "error"}
+    assert [r["row"] for r in compare.failed(table)] == ["slow", "gone"]  # an error in BASE alone is no failure
+    text = compare.markdown(table, "main", "HEAD")
+    assert text.count("\n") == len(table) + 2
+    assert "| slow | 10.00 | 11.00 | 1.100 | 0.000 | same | 2 | **slower** |" in text
+
+
+def test_base_that_is_neither_commit_nor_directory():
+    with pytest.raises(SystemExit, match="neither a commit"):
+        with compare.checked_out("no-such-ref-" + "0" * 8):
+            pass
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs the git repository")
+def test_commit_checked_out_and_removed():
+    with compare.checked_out("HEAD") as (tree, label):
+        assert (tree / "rl_triton" / "__init__.py").exists()
+        assert label.startswith("HEAD (")
+    assert not tree.exists()
+    listed = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
+    assert str(tree) not in listed
+
+
+def test_run_on_cpu(tmp_path):
+    """Both trees in alternating worker processes: BASE is a copy of this tree (a directory), so every row must
+    have the same bits, two rounds, and an exit status that agrees with the verdicts."""
+    base = tmp_path / "base"
+    shutil.copytree(REPO / "rl_triton", base / "rl_triton", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "cmp.json"
+    argv = [str(base), "--device", "cpu", "--shapes", "4x16", "--functions", "gae,traces", "--max-rounds", "2"]
+    rc = compare.main([*argv, "--json", str(out), "--markdown", str(tmp_path / "cmp.md")])
+    result = json.loads(out.read_text())
+    rows = {r["row"]: r for r in result["table"]}
+    assert set(rows) == {compare.CONTROL, "compute_gae 4x16 float32", "compute_eligibility_traces 4x16 float32"}
+    for key, r in rows.items():
+        assert r["rounds"] == 2
+        assert len(result["samples"]["base"][key]) == len(result["samples"]["head"][key]) == 2
+        if key != compare.CONTROL:
+            assert r["same_bits"] is True
+    assert rc == (1 if compare.failed(result["table"]) else 0)
+    assert (tmp_path / "cmp.md").read_text().startswith("| configuration |")
