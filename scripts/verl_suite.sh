@@ -5,16 +5,17 @@
 #
 #   bash scripts/verl_suite.sh [pytest arguments]          # CPU: the PyTorch path, then interpreted kernels
 #   bash scripts/verl_suite.sh --download                  # put verl's wheel into .device-wheels/verl/
-#   bash scripts/verl_suite.sh --gpu [pytest arguments]    # no package index (the GPU machine)
+#   bash scripts/verl_suite.sh --offline [pytest args]     # no package index (the GPU machine; CI); --gpu alike
 #
 # Default: builds its own virtual environment .venv-verl (RL_TRITON_VERL_VENV) with the CPU build of torch,
 # triton, verl==0.9.1 without its dependencies, and the few packages importing verl's core_algos and
 # torch_functional needs (verl pins tensordict <= 0.10, so it cannot share .venv), and runs the test files
 # that the verl release ships for these functions on the PyTorch path, then with TRITON_INTERPRET=1.
-# --gpu: the python on PATH (RL_TRITON_PYTHON) with its torch; verl from the wheel in .device-wheels/verl/,
-# unpacked, not installed; only verl's core_algos, torch_functional and groupwise are imported, with
-# stand-ins for the rest of verl and its heavy dependencies (tests/verl_suite/stubs.py); rl_triton's
-# functions run on CUDA when there is a GPU (RL_TRITON_VERL_DEVICE), on the CPU otherwise.
+# --offline (or --gpu): RL_TRITON_PYTHON, else .venv's python if there is one, else python3, with its torch;
+# verl from the wheel in .device-wheels/verl/, unpacked, not installed; only verl's core_algos,
+# torch_functional and groupwise are imported, with stand-ins for the rest of verl and its heavy dependencies
+# (tests/verl_suite/stubs.py); rl_triton's functions run on CUDA when there is a GPU (RL_TRITON_VERL_DEVICE),
+# on the CPU otherwise (the path TRITON_INTERPRET chooses: one run).
 # VERL_SRC: a checkout of verl's repository at the release's tag, for the masked-mean test of
 # tests/utils/test_torch_functional.py, which the release does not ship.
 set -euo pipefail
@@ -30,7 +31,7 @@ mode=cpu
 args=()
 for arg in "$@"; do
     case "$arg" in
-        --gpu) mode=gpu ;;
+        --offline | --gpu) mode=offline ;;
         --download) mode=download ;;
         *) args+=("$arg") ;;
     esac
@@ -45,8 +46,9 @@ if [[ "$mode" == download ]]; then
 fi
 
 export PYTHONPATH="$RLT_REPO${PYTHONPATH:+:$PYTHONPATH}"
-if [[ "$mode" == gpu ]]; then
+if [[ "$mode" == offline ]]; then
     py="${RL_TRITON_PYTHON:-python3}"
+    [[ -z "${RL_TRITON_PYTHON:-}" && -x "$RLT_PY" ]] && py="$RLT_PY"
     wheel="$(ls "$wheels"/verl-"$VERL_VERSION"-py3-none-any.whl 2>/dev/null || true)"
     [[ -n "$wheel" ]] || rlt_die "no verl $VERL_VERSION wheel in $wheels (bash scripts/verl_suite.sh --download)"
     rm -rf "$work" && mkdir -p "$work/src"
@@ -84,10 +86,11 @@ for name in "${FILES[@]}"; do
 done
 paths=("${FILES[@]/#/$work/}" "$RLT_REPO/tests/verl_suite/verl_checks.py")
 if [[ -n "${VERL_SRC:-}" ]]; then
-    cp "$VERL_SRC/tests/utils/test_torch_functional.py" "$work/" && paths+=("$work/test_torch_functional.py::test_masked_mean")
+    cp "$VERL_SRC/tests/utils/test_torch_functional.py" "$work/"
+    paths+=("$work/test_torch_functional.py::test_masked_mean")
 fi
-"$py" -c 'import verl, sys; print("verl_suite: verl", getattr(verl, "__version__", "'"$VERL_VERSION"'"), "python", sys.version.split()[0])' 2>/dev/null \
-    || echo "verl_suite: verl $VERL_VERSION (stand-ins for its package), python $("$py" -c 'import sys; print(sys.version.split()[0])')"
+versions="$("$py" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)')"
+echo "verl_suite: verl $VERL_VERSION ($mode), $versions"
 
 run() {
     # the pytest cache stays out of the tree; no conftest (ours needs packages the GPU image may lack)
@@ -95,7 +98,7 @@ run() {
         -p no:xdist "${args[@]}"
 }
 cd "$work"
-if [[ "$mode" == gpu ]]; then
+if [[ "$mode" == offline ]]; then
     run
 else
     env -u TRITON_INTERPRET bash -c "$(declare -f run); $(declare -p py paths args); run"
