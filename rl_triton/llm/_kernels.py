@@ -97,9 +97,9 @@ def _rpp_maps(p_r, mk, offs, inb, g, ACC: tl.constexpr):
     # the maps of REINFORCE++'s tokens at offs: (a, b) = (gamma, r_t) at a valid token; the identity (1, 0) at a
     # masked one (the running return passes across it) and outside inb; and the valid-token mask
     valid = inb & (mk != 0)
-    b_r = tl.load(p_r + offs, mask=valid, other=0).to(ACC)
+    b_r = tl.load(p_r + offs, mask=inb, other=0).to(ACC)  # masked by inb only: a vector load
     zero = tl.zeros(b_r.shape, ACC)
-    return tl.where(valid, g + zero, zero + 1.0), b_r, valid
+    return tl.where(valid, g + zero, zero + 1.0), tl.where(valid, b_r, zero), valid
 
 
 @triton.jit
