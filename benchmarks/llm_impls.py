@@ -14,9 +14,8 @@ rl_triton call computes, and the suite checks it against the float64 reference b
     count), where the recursion is a plain discounted suffix sum with the constant factor γλ and the next
     value is the next compacted value; the result is gathered back (a masked token takes the value of the
     next valid one, which is what carrying ``L`` across it means).
-  - REINFORCE++: the unsegmented discounted suffix sum ``U`` of the rewards, cut at the next masked
-    position ``u`` of each token: ``G_t = U_t − γ^(u−t)·U_u`` (exact in real arithmetic; in floating point
-    the cut subtracts partial sums, so the error grows with ``|U| / |G|``, ~1e-6 relative here).
+  - REINFORCE++ (verl 0.9: the running return passes across masked tokens): the same compaction, then the
+    discounted suffix sum (factor γ) of the compacted rewards, gathered back to the valid tokens; 0 elsewhere.
   - The discounted suffix sum ``y_t = Σ_{s≥t} g^(s−t) x_s`` is a matmul per chunk of ``CHUNK`` positions
     with the upper-triangular Toeplitz matrix ``g^(s−t)``, plus the suffix sum of the chunks' first
     entries with the factor ``g^CHUNK`` (the same routine, one level up) applied back elementwise. No
@@ -83,14 +82,14 @@ def loop_gae(token_level_rewards, values, response_mask, gamma, lam):
 
 @torch.no_grad()
 def loop_reinforce_pp(token_level_rewards, response_mask, gamma):
-    """REINFORCE++ returns, one position at a time from the end; the running return is zeroed after each
-    masked position (so it does not flow into the token before it)."""
+    """REINFORCE++ returns, one position at a time from the end; a masked position keeps the running return
+    (it passes across) and has return 0."""
     returns = torch.zeros_like(token_level_rewards)
     run = 0.0
     for t in reversed(range(token_level_rewards.shape[1])):
-        run = token_level_rewards[:, t] + gamma * run
-        returns[:, t] = run
-        run = run * response_mask[:, t]
+        new = token_level_rewards[:, t] + gamma * run
+        returns[:, t] = new * response_mask[:, t]
+        run = new * response_mask[:, t] + run * (1 - response_mask[:, t])
     adv = _loop_masked_whiten(returns, response_mask) * response_mask
     return adv, returns
 
@@ -203,17 +202,29 @@ def _whiten(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return (x - mean) * torch.rsqrt(var + WHITEN_EPS)
 
 
+def _compactor(m: torch.Tensor):
+    """For a bool mask (B, T): (``before``, the number of valid tokens before each t, which is t's slot among
+    the valid tokens compacted to the front, and of a masked t the slot of the next valid token; ``compact``,
+    which moves the valid entries of a (B, T) tensor to their slots, zeros after them, as (B, T + 1))."""
+    t_len = m.shape[1]
+    before = torch.cumsum(m, 1) - m.to(torch.int64)
+    slot = torch.where(m, before, t_len)  # masked tokens write zeros to the spare last slot
+
+    def compact(x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(x.shape[0], t_len + 1).scatter_(1, slot, torch.where(m, x, 0.0))
+
+    return before, compact
+
+
 def vec_gae(token_level_rewards, values, response_mask, gamma, lam, suffix: SuffixSum):
     """Masked GAE without a loop over positions (``suffix``: a SuffixSum for n = T, g = γλ)."""
     out_dtype = token_level_rewards.dtype
     acc = _acc(out_dtype)
     r, v = token_level_rewards.to(acc), values.to(acc)
     m = response_mask if response_mask.dtype == torch.bool else response_mask != 0
-    b, t_len = r.shape
-    before = torch.cumsum(m, 1) - m.to(torch.int64)  # valid tokens before t: t's slot when compacted
-    slot = torch.where(m, before, t_len)  # masked tokens write zeros to the spare last slot
-    r_c = r.new_zeros(b, t_len + 1).scatter_(1, slot, torch.where(m, r, 0.0))
-    v_c = r.new_zeros(b, t_len + 1).scatter_(1, slot, torch.where(m, v, 0.0))
+    t_len = r.shape[1]
+    before, compact = _compactor(m)
+    r_c, v_c = compact(r), compact(v)
     delta = r_c[:, :t_len] + gamma * v_c[:, 1:] - v_c[:, :t_len]  # zero past the last valid token
     adv = suffix(delta).gather(1, before)  # a masked token takes the next valid token's value
     returns = adv + v
@@ -226,13 +237,8 @@ def vec_reinforce_pp(token_level_rewards, response_mask, gamma, suffix: SuffixSu
     acc = _acc(out_dtype)
     r = token_level_rewards.to(acc)
     m = response_mask if response_mask.dtype == torch.bool else response_mask != 0
-    t_len = r.shape[1]
-    pos = torch.arange(t_len, device=r.device)
-    cut = torch.where(m, t_len, pos)  # a masked position starts a new run
-    after = F.pad(cut[:, 1:], (0, 1), value=t_len)
-    nxt = torch.cummin(after.flip(1), 1).values.flip(1)  # the first masked position after t (T if none)
-    full = suffix(r)
-    returns = full - torch.pow(gamma, (nxt - pos).to(acc)) * F.pad(full, (0, 1)).gather(1, nxt)
+    before, compact = _compactor(m)
+    returns = torch.where(m, suffix(compact(r)[:, : r.shape[1]]).gather(1, before), 0.0)
     adv = torch.where(m, _whiten(returns, m), 0.0)
     return adv.to(out_dtype), returns.to(out_dtype)
 

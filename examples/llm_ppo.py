@@ -4,7 +4,7 @@ advantages from ``rl_triton.llm``.
 The task is synthetic and checkable: a prompt is a string of 2-5 random digits, left-padded as LLM batches are,
 and the model must answer with the digits reversed followed by an end token (``EOS``). Responses therefore have
 different lengths, and everything after the end token is padding that the response mask drops. With
-``--tool-every K`` (default 2; 0 for REINFORCE++, see ``--help``) the environment writes a ``TOOL`` token into the
+``--tool-every K`` (default 2, for every estimator) the environment writes a ``TOOL`` token into the
 response after every K answer tokens, as a tool call's output would appear: the policy does not choose it, so it
 is a masked position *inside* the response. The reward is an outcome reward on the last policy token: the number
 of answer digits in the right place divided by the longer of the answer and the target (1.0 only for the exact
@@ -20,7 +20,8 @@ PPO updates over minibatches (the token-mean of the clipped surrogate, plus for 
   estimates (masked tokens carry the next value and the running advantage across);
 * ``grpo``: ``rl_triton.llm.compute_grpo_outcome_advantage`` with the prompt ids as the group index;
 * ``rloo``: ``rl_triton.llm.compute_rloo_outcome_advantage`` (leave-one-out baseline, same index);
-* ``reinforce++``: ``rl_triton.llm.compute_reinforce_plus_plus_outcome_advantage`` (whitened returns).
+* ``reinforce++``: ``rl_triton.llm.compute_reinforce_plus_plus_outcome_advantage`` (whitened returns; the
+  running return passes across the masked tool tokens, so the outcome reward reaches every answer token).
 
 Usage::
 
@@ -104,10 +105,8 @@ def build_parser():
     p.add_argument(
         "--tool-every",
         type=int,
-        default=None,
-        help="the environment inserts a masked TOOL token after every K answer tokens (0: never); default 2, but 0 "
-        "for reinforce++, whose return is cut at every masked token, so that a tool token would hide the outcome "
-        "reward from all the tokens before it",
+        default=2,
+        help="the environment inserts a masked TOOL token after every K answer tokens (0: never)",
     )
     # Batch and optimisation.
     p.add_argument("--prompts", type=int, default=64, help="prompts per iteration")
@@ -303,8 +302,6 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.smoke:
         args.iters, args.prompts, args.samples, args.minibatch, args.epochs = 3, 8, 4, 16, 1
-    if args.tool_every is None:
-        args.tool_every = 0 if args.estimator == "reinforce++" else 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     common.seed_everything(args.seed)

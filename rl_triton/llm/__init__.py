@@ -3,6 +3,7 @@
 ``import rl_triton.llm`` (an explicit subpackage import). See :mod:`rl_triton.llm.functional` and docs/llm.md.
 """
 
+from ._verl import register_with_verl, unregister_from_verl
 from .functional import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
@@ -21,4 +22,6 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "register_with_verl",
+    "unregister_from_verl",
 ]

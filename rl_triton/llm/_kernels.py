@@ -4,11 +4,11 @@
   row, plus the partial moments of the scanned state that the whitening needs. GAE's skip-mask recursion is
   linear in the state (L, nv): a valid token maps it to ``(γλ L + γ nv + r − V, V)``, a masked one leaves it
   alone, so every step is an affine map ``L' = p L + q nv + b1, nv' = rr nv + b2`` and so is any composition of
-  steps (``_gae_combine``). REINFORCE++ is the scalar map ``G' = γ m_{t+1} G + r`` (``_lin_combine``). Rows
-  longer than one block of ``BT`` tokens are split in time: each block composes its map and folds the maps of
-  the blocks after it (a scan over at most ``NBP`` maps) into the state entering the block, either in one
-  launch (PHASE 3, the look-back: blocks publish their maps behind flags) or in two (PHASE 1 stores the maps,
-  PHASE 2 rescans).
+  steps (``_gae_combine``). REINFORCE++ is the scalar map ``G' = γ G + r`` at a valid token and the identity at
+  a masked one (``_lin_combine``). Rows longer than one block of ``BT`` tokens are split in time: each block
+  composes its map and folds the maps of the blocks after it (a scan over at most ``NBP`` maps) into the state
+  entering the block, either in one launch (PHASE 3, the look-back: blocks publish their maps behind flags) or
+  in two (PHASE 1 stores the maps, PHASE 2 rescans).
 * ``_moments_kernel``: per-program (count, sum, M2) of the valid entries. It and the scan kernel end in
   ``_finalize_last``: the launch's last program combines every program's triple in a fixed order
   (deterministic, no atomics on the values) into [count, mean, M2].
@@ -93,17 +93,13 @@ def _gae_maps(p_r, p_v, p_m, offs, inb, g, lam, ACC: tl.constexpr):
 
 
 @triton.jit
-def _rpp_maps(p_r, mk, mk_after, offs, inb, g, ACC: tl.constexpr):
-    # the maps of REINFORCE++'s tokens at offs: (a, b) = (gamma m_{t+1}, r_t), the identity (1, 0) outside inb;
-    # and the valid-token mask. mk: the mask at offs, mk_after: at offs + 4 (the group after in time), 0 past T;
-    # m_{t+1} is mk shifted by one token, in registers (a load at offs + 1 is misaligned: byte by byte).
-    b_r = tl.load(p_r + offs, mask=inb, other=0).to(ACC)
+def _rpp_maps(p_r, mk, offs, inb, g, ACC: tl.constexpr):
+    # the maps of REINFORCE++'s tokens at offs: (a, b) = (gamma, r_t) at a valid token; the identity (1, 0) at a
+    # masked one (the running return passes across it) and outside inb; and the valid-token mask
     valid = inb & (mk != 0)
-    _, x1, x2, x3 = _cols4(mk)
-    y0, _, _, _ = _cols4(mk_after)
-    m_next = _join4(x1, x2, x3, y0) != 0
+    b_r = tl.load(p_r + offs, mask=inb, other=0).to(ACC)  # masked by inb only: a vector load
     zero = tl.zeros(b_r.shape, ACC)
-    return tl.where(inb, tl.where(m_next, g + zero, zero), zero + 1.0), b_r, valid
+    return tl.where(valid, g + zero, zero + 1.0), tl.where(valid, b_r, zero), valid
 
 
 @triton.jit
@@ -255,9 +251,7 @@ def _token_scan_grouped_kernel(
                 tl.store(p_ret + offs, x + b_v, mask=inb)
     else:
         mk = tl.load(p_m + offs, mask=inb, other=0)
-        in4 = m_row[:, None, None] & (cols + 4 < T)
-        mk4 = tl.load(p_m + offs + 4, mask=in4, other=0)
-        a, b, valid = _rpp_maps(p_r, mk, mk4, offs, inb, g, ACC)
+        a, b, valid = _rpp_maps(p_r, mk, offs, inb, g, ACC)
         c0, c1, c2, c3 = _lin4(a, b)
         if PHASE != 2:
             AA, AB = tl.associative_scan(c0, 1, _lin_combine)
@@ -266,8 +260,8 @@ def _token_scan_grouped_kernel(
             if PHASE == 3:
                 _publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, 1 << 16)
         if PHASE != 1:
-            mk8 = tl.load(p_m + offs + 8, mask=m_row[:, None, None] & (cols + 8 < T), other=0)
-            fa, fb, _ = _rpp_maps(p_r, mk4, mk8, offs + 4, prev_in, g, ACC)
+            mk4 = tl.load(p_m + offs + 4, mask=prev_in, other=0)
+            fa, fb, _ = _rpp_maps(p_r, mk4, offs + 4, prev_in, g, ACC)
             f0, _, _, _ = _lin4(fa, fb)
             XA, XB = tl.associative_scan(f0, 1, _lin_combine)
             if CARRY:
@@ -277,7 +271,8 @@ def _token_scan_grouped_kernel(
                 EG = tl.where(XA == 0, XB, XA * _last(CB, i_b, NBP) + XB)
             else:
                 EG = XB
-            x = _join4(_on(c0, EG), _on(c1, EG), _on(c2, EG), _on(c3, EG))
+            # returns are 0 at masked positions (the state carried across them is not stored)
+            x = tl.where(valid, _join4(_on(c0, EG), _on(c1, EG), _on(c2, EG), _on(c3, EG)), 0.0)
             if STORE_RET:
                 tl.store(p_ret + offs, x, mask=inb)
     if PHASE != 1:

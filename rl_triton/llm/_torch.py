@@ -96,11 +96,12 @@ def linear_scan_reverse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def reinforce_pp_returns(r, m, gamma) -> torch.Tensor:
-    """G_t = r_t + γ m_{t+1} G_{t+1}, G_T = 0, in the accumulation dtype."""
+    """REINFORCE++'s returns in the accumulation dtype: going backwards from ``G_T = 0``, a valid token maps the
+    running return to ``r_t + γ G``, a masked one passes it across unchanged; returns are 0 at masked tokens."""
     acc = acc_dtype(r.dtype)
-    m_next = torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], dim=1)
-    a = torch.where(m_next, gamma * torch.ones(r.shape, dtype=acc, device=r.device), 0.0)
-    return linear_scan_reverse(a, r.to(acc))
+    a = torch.where(m, gamma * torch.ones(r.shape, dtype=acc, device=r.device), 1.0)
+    G = linear_scan_reverse(a, torch.where(m, r.to(acc), 0.0))
+    return torch.where(m, G, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------- groups

@@ -143,7 +143,8 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None, process_gro
 
     ``axis``: reduce over these dims only (as ``Tensor.sum(dim=axis)``); default all. ``process_group``: the
     mean over the union of every rank's entries (``axis=None`` only). Accumulates in float32 (float64 for
-    float64) and returns the values' dtype. An empty mask gives NaN (0/0), as verl's does; no host sync.
+    float64) and returns the values' dtype. An empty mask (or an empty row along ``axis``) gives 0, as verl's
+    does (it divides by ``Σ m + 1e-8``); no host sync.
     """
     if axis is not None:
         if process_group is not None:
@@ -153,9 +154,9 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None, process_gro
         m = _bool_mask(mask)
         acc = _torch.acc_dtype(values.dtype)
         s = torch.where(m, values.to(acc), 0).sum(dim=axis)
-        return (s / m.sum(dim=axis, dtype=acc)).to(values.dtype)
+        return (s / m.sum(dim=axis, dtype=acc).clamp(min=1)).to(values.dtype)
     values, (count, mean, _) = _moments(values, mask, process_group)
-    return torch.where(count > 0, mean, torch.nan).to(values.dtype)
+    return torch.where(count > 0, mean, 0).to(values.dtype)
 
 
 def masked_var(
@@ -164,14 +165,17 @@ def masked_var(
     """Variance of ``values`` over the entries where ``mask`` is nonzero:
     ``masked_mean((x − μ)², m)``, times ``n / (n − 1)`` when ``unbiased`` (``n = Σ m``).
 
-    Raises ValueError when the mask has no valid token, or one with ``unbiased`` (a host sync, as in verl);
-    ``check=False`` skips that check and its sync, for masks known to be valid (a CUDA graph capture, for one):
+    With ``unbiased``, raises ValueError when the mask has fewer than two valid tokens (a host sync, as in verl);
+    the biased variance of an empty mask is 0, as verl's, and needs no check. ``check=False`` skips the check
+    and its sync, for masks known to be valid (a CUDA graph capture, for one):
     an invalid mask then gives an undefined value, not an error. ``process_group``: the variance over every
     rank's entries (local (count, mean, M2) combined by :func:`rl_triton.distributed.combine_moments`).
     """
     values, (count, _, m2) = _moments(values, mask, process_group)
-    _check_count(count, 2 if unbiased else 1, check)
-    return (m2 / (count - 1 if unbiased else count)).to(values.dtype)
+    if not unbiased:
+        return (m2 / count.clamp(min=1)).to(values.dtype)  # an empty mask: M2 = 0, so 0
+    _check_count(count, 2, check)
+    return (m2 / (count - 1)).to(values.dtype)
 
 
 def masked_whiten(
@@ -285,9 +289,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
     check: bool = True,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted returns cut at masked positions, whitened over the policy's tokens::
+    """REINFORCE++ as verl 0.9 defines it: discounted returns over the policy's tokens, whitened over them.
+    Masked tokens (tool output, observations, padding) are skipped: the running return passes across them
+    unchanged, and their returns are 0. Going backwards from ``G_T = 0``::
 
-        G_t = r_t + γ·m_{t+1}·G_{t+1},  G_T = 0;    returns = G;    advantages = masked_whiten(G, m)·m
+        new_t = r_t + γ·G_{t+1};   returns_t = m_t·new_t;   G_t = m_t·new_t + (1 − m_t)·G_{t+1}
+        advantages = masked_whiten(returns, m)·m
 
     ``gamma`` (keyword, or third positional as in older verl) or ``config.gamma`` (verl passes its algorithm
     config); a float, 0-d or ``(B,)`` tensor. Other keywords verl's dispatcher passes (``index``,

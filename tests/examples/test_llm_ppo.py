@@ -192,12 +192,14 @@ def _slow_selected(config) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("estimator", ["ppo", "grpo"])
+@pytest.mark.parametrize("estimator", ["ppo", "grpo", "reinforce++"])
 def test_default_settings_reach_the_target(estimator, tmp_path, request):
     if not _slow_selected(request.config):
         pytest.skip("slow: set RL_TRITON_SLOW=1 or pass -m slow to run the full training runs")
     cmd = [sys.executable, str(EXAMPLES / "llm_ppo.py"), "--device=cpu", f"--estimator={estimator}", "--no-progress"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the checkout under test first on the path: the script's own folder, not the repository, is sys.path[0]
+    path = os.pathsep.join(p for p in (str(EXAMPLES.parent), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SLOW_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = parse_result(proc.stdout)

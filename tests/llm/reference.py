@@ -28,11 +28,14 @@ def moments(x, mask):
 
 
 def masked_mean(x, mask):
-    return moments(x, mask)[1]
+    n, mean, _ = moments(x, mask)
+    return mean if n else 0.0  # verl divides by n + 1e-8: an empty mask gives 0
 
 
 def masked_var(x, mask, unbiased=True):
     n, _, m2 = moments(x, mask)
+    if not n:
+        return 0.0  # biased only: the unbiased variance of an empty mask raises
     return m2 / (n - 1) if unbiased else m2 / n
 
 
@@ -81,9 +84,9 @@ def reinforce_pp(r, mask, gamma):
         run = 0.0
         row = [0.0] * t_len
         for t in reversed(range(t_len)):
-            nxt = run if (t + 1 < t_len and ml[i][t + 1]) else 0.0
-            run = rl[i][t] + g[i] * nxt
-            row[t] = run
+            if ml[i][t]:  # a masked token keeps the running return and has return 0
+                run = rl[i][t] + g[i] * run
+                row[t] = run
         rows.append(row)
     G = torch.tensor(rows, dtype=torch.float64).reshape(b, t_len)
     return masked_whiten(G, mask) * _valid(mask), G

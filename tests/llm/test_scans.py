@@ -125,6 +125,17 @@ def test_reinforce_pp_gamma_from_config(path):
             assert_close(o, e, atol=2e-5, rtol=1e-4)
 
 
+def test_reinforce_pp_skips_masked_tokens(path):
+    # r = [0, 1, tool 5, tool 7, 2, pad 9]: the running return passes across the tool span, 0 is stored there
+    r = torch.tensor([[0.0, 1.0, 5.0, 7.0, 2.0, 9.0]], device=path.device)
+    m = torch.tensor([[1, 1, 0, 0, 1, 0]], device=path.device)
+    _, ret = llm.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.5)
+    assert torch.allclose(ret.cpu(), torch.tensor([[1.0, 2.0, 0.0, 0.0, 2.0, 0.0]]))
+    # and the same valid-token returns as the response without its tool span
+    _, short = llm.compute_reinforce_plus_plus_outcome_advantage(r[:, [0, 1, 4]], m[:, [0, 1, 4]], gamma=0.5)
+    assert torch.allclose(ret[m != 0], short.reshape(-1))
+
+
 def test_gae_rows_fully_masked_and_one_token(path):
     r, v, m = token_batch(6, 40, path.device)
     m[1] = False  # a fully masked row: returns carry nothing, L = 0 there
