@@ -374,3 +374,57 @@ def test_containment_gradients(path, case):
                 mask = torch.zeros(g_bad.shape, dtype=torch.bool)
                 mask[index] = True
                 assert (g_bad[mask] == 0).all(), f"{case}: gradient at a poisoned {name} entry"
+
+
+# ------------------------------------------------------------------------------------ the plain scan's shortcut
+
+
+@triton.jit
+def _both_scans(p_a, p_b, p_c, p_out, T, BN: tl.constexpr, BT: tl.constexpr, FORM: tl.constexpr,
+                REVERSE: tl.constexpr, NEXT: tl.constexpr):  # fmt: skip
+    """One chunk of BN rows scanned plain and contained from the carries p_c: x, xn, the new carry and the
+    chunk's product of a of each, at p_out[scan, output]."""
+    o_n = tl.arange(0, BN)
+    o_row = o_n.to(tl.int64) * T
+    _o_t, m, off, _o_nb, _m_nb = core.chunk(0, T, o_row, o_n, o_n < BN, BT, REVERSE, FORM)
+    b_a = tl.load(p_a + off, mask=m, other=1.0)
+    b_b = tl.load(p_b + off, mask=m, other=0.0)
+    b_c = core.carry_tile(tl.load(p_c + o_n), BT, FORM)
+    for CONTAIN in tl.static_range(2):
+        x, xn, c, A = core.scan_states(b_a, b_b, b_c, BT, REVERSE, FORM, False, NEXT, CONTAIN == 1)
+        p_o = p_out + CONTAIN * 4 * BN * T
+        tl.store(p_o + off, x, mask=m)
+        tl.store(p_o + BN * T + off, xn, mask=m)
+        tl.store(p_o + 2 * BN * T + o_n, core.carry_row(c, FORM))
+        tl.store(p_o + 3 * BN * T + o_n, A)
+
+
+@pytest.mark.parametrize("next_", [False, True], ids=["x", "x-and-next"])
+@pytest.mark.parametrize(
+    "form, bt, reverse",
+    [
+        (Form.PLAIN, 32, True),
+        (Form.PLAIN, 32, False),
+        (Form.GROUPS4, 32, True),
+        (Form.GROUPS8, 64, True),
+        (Form.ENV_GROUPS, 8, True),
+        (Form.DESCENDING, 32, True),
+    ],  # fmt: skip
+    ids=["plain", "plain-forward", "groups4", "groups8", "env-groups", "descending"],
+)
+def test_plain_scan_gives_the_contained_bits_on_finite_data(kernel_path, form, bt, reverse, next_):
+    """The kernels scan a chunk plainly unless a value it reads is non-finite (kernels/core.py): on finite data
+    (coefficients with exact zeros, as done steps give) the plain scan must give the contained scan's bits, up to
+    the sign of a zero."""
+    bn = 4
+    g = torch.Generator().manual_seed(bt + 7 * int(form) + 100 * next_)
+    a = torch.rand(bn, bt, generator=g, dtype=torch.float64)
+    a[torch.rand(bn, bt, generator=g) < 0.2] = 0.0
+    a = a.to(torch.float32).to(kernel_path.device)
+    b = torch.randn(bn, bt, generator=g).to(kernel_path.device)
+    c = torch.randn(bn, generator=g).to(kernel_path.device)
+    out = torch.zeros(2, 4, bn, bt, device=kernel_path.device)
+    _both_scans[(1,)](a, b, c, out, bt, BN=bn, BT=bt, FORM=int(form), REVERSE=reverse, NEXT=next_)
+    plain, contained = out[0].cpu(), out[1].cpu()
+    assert torch.isfinite(plain).all()
+    assert torch.equal(plain, contained)  # -0.0 == 0.0

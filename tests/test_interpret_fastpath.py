@@ -1,5 +1,5 @@
-"""The interpreter's NumPy folds for our scan combines (kernels/_interpret.py) against a float64
-loop over the steps, forward and reverse, on random data."""
+"""The interpreter's NumPy folds for our scan combines (kernels/_interpret.py), the contained ones and the plain
+ones, against a float64 loop over the steps, forward and reverse, on random data."""
 
 import numpy as np
 import pytest
@@ -14,20 +14,25 @@ pytestmark = pytest.mark.skipif(not R.INTERPRET, reason="interpreter only")
 
 
 @triton.jit
-def _scan2(p_a, p_b, p_out, REVERSE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
+def _scan2(p_a, p_b, p_out, REVERSE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PLAIN: tl.constexpr):
     off = tl.arange(0, BN)[:, None] * BT + tl.arange(0, BT)[None, :]
-    a, b = tl.associative_scan((tl.load(p_a + off), tl.load(p_b + off)), 1, core.linear_combine, reverse=REVERSE)
+    if PLAIN:
+        a, b = tl.associative_scan((tl.load(p_a + off), tl.load(p_b + off)), 1, core.plain_combine, reverse=REVERSE)
+    else:
+        a, b = tl.associative_scan((tl.load(p_a + off), tl.load(p_b + off)), 1, core.linear_combine, reverse=REVERSE)
     tl.store(p_out + off, a)
     tl.store(p_out + BN * BT + off, b)
 
 
 @triton.jit
-def _scan4(p_a, p_b, p_out, REVERSE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
+def _scan4(p_a, p_b, p_out, REVERSE: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PLAIN: tl.constexpr):
     off = tl.arange(0, BN)[:, None] * BT + tl.arange(0, BT)[None, :]
     x, y = tl.load(p_a + off), tl.load(p_b + off)
-    outs = tl.associative_scan(
-        (x, y, tl.full(x.shape, 1.0, x.dtype), tl.zeros(y.shape, y.dtype)), 1, core.linear_combine_next, reverse=REVERSE
-    )
+    ones, zeros = tl.full(x.shape, 1.0, x.dtype), tl.zeros(y.shape, y.dtype)
+    if PLAIN:
+        outs = tl.associative_scan((x, y, ones, zeros), 1, core.plain_combine_next, reverse=REVERSE)
+    else:
+        outs = tl.associative_scan((x, y, ones, zeros), 1, core.linear_combine_next, reverse=REVERSE)
     for i in tl.static_range(4):
         tl.store(p_out + i * BN * BT + off, outs[i])
 
@@ -45,12 +50,13 @@ def _loop(a, b, reverse):
     return out
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["contained", "plain"])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("kernel, n_out", [(_scan2, 2), (_scan4, 4)], ids=["linear_combine", "linear_combine_next"])
-def test_fast_fold_matches_loop(kernel, n_out, reverse):
+def test_fast_fold_matches_loop(kernel, n_out, reverse, plain):
     g = torch.Generator().manual_seed(3)
     a = torch.rand(4, 16, generator=g, dtype=torch.float64)
     b = torch.randn(4, 16, generator=g, dtype=torch.float64)
     out = torch.empty(n_out, 4, 16, dtype=torch.float64)
-    kernel[(1,)](a, b, out, REVERSE=reverse, BN=4, BT=16)
+    kernel[(1,)](a, b, out, REVERSE=reverse, BN=4, BT=16, PLAIN=plain)
     np.testing.assert_allclose(out.numpy(), _loop(a.numpy(), b.numpy(), reverse)[:n_out], rtol=1e-12, atol=1e-12)

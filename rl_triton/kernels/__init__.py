@@ -7,4 +7,4 @@ from . import core
 if _config.INTERPRET:
     from ._interpret import install
 
-    install(core.linear_combine, core.linear_combine_next)
+    install(core.linear_combine, core.linear_combine_next, core.plain_combine, core.plain_combine_next)

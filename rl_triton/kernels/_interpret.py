@@ -2,7 +2,7 @@
 
 Triton's interpreter runs a scan with a user combine function one element at a time in Python
 (about 0.1 ms per element), which makes interpreted tests of realistic sizes take minutes. For our
-two combines only (``linear_combine`` and ``linear_combine_next``), this replaces that loop by the
+combines only (``linear_combine``, ``linear_combine_next`` and their plain forms), this replaces that loop by the
 same left fold vectorised with NumPy across the other axes: identical semantics (an inclusive scan
 along the axis), just fast. Every other scan goes through Triton's own code. Only the interpreter
 is affected (``tests/test_interpret_fastpath.py`` checks the folds against a float64 loop).
@@ -37,6 +37,27 @@ def _fold_linear_next(a, b, na, nb):
     return a, b, na, nb
 
 
+def _fold_plain(a, b):
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(1, a.shape[-1]):
+            b[..., i] = a[..., i] * b[..., i - 1] + b[..., i]
+            a[..., i] = a[..., i - 1] * a[..., i]
+    return a, b
+
+
+def _fold_plain_next(a, b, na, nb):
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(1, a.shape[-1]):
+            nb[..., i] = na[..., i] * b[..., i - 1] + nb[..., i]
+            na[..., i] = a[..., i - 1] * na[..., i]
+            b[..., i] = a[..., i] * b[..., i - 1] + b[..., i]
+            a[..., i] = a[..., i - 1] * a[..., i]
+    return a, b, na, nb
+
+
+FOLDS = (_fold_linear, _fold_linear_next, _fold_plain, _fold_plain_next)
+
+
 def install(*combines) -> bool:
     try:
         from triton.runtime import interpreter
@@ -46,7 +67,7 @@ def install(*combines) -> bool:
     if scan_ops is None or getattr(scan_ops, "_rl_triton_patched", False):
         return scan_ops is not None
     original = scan_ops.generic_scan
-    folds = {getattr(c, "fn", c): fold for c, fold in zip(combines, (_fold_linear, _fold_linear_next), strict=False)}
+    folds = {getattr(c, "fn", c): fold for c, fold in zip(combines, FOLDS, strict=False)}
 
     def generic_scan(self, input):
         fold = folds.get(getattr(self.combine_fn, "fn", None))

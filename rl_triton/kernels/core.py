@@ -10,12 +10,17 @@ change the carry nor depend on what was loaded there.
 
 Containment (docs/semantics.md): where a map's coefficient is 0 (a done step, or a segment holding one)
 the map is the constant ``b``, and the state before it must not be read: ``0 * x + b`` is NaN for a
-NaN or infinite ``x`` from another episode. So the combines and the application of a map to a state
-(:func:`_on`) select ``b`` there. For finite ``x`` the select gives what ``0 * x + b`` gave (but the
-sign of a zero ``b``), and where it is false the same arithmetic, so finite inputs keep their bits.
-The coefficients themselves must be finite (the kernels build them so): their products then stay
-finite (unless they overflow: coefficients above 1 over long stretches, as gamma c_bar > 1 can give),
-``A * 0`` is 0, and only the offsets ``b`` need the selects.
+NaN or infinite ``x`` from another episode. So a map is applied to a state with a select (:func:`_on`),
+and the contained scan (CONTAIN) also selects ``b`` in its combines. The coefficients themselves are
+finite (the kernels build them so), so only the offsets ``b`` and the states need the selects.
+
+Inside a chunk whose offsets are all finite the combines' selects change nothing (``0 * x + b`` is ``b``
+for finite ``x``, but for the sign of a zero ``b``) and cost instructions on every element, so
+:func:`scan_rows` tests the offsets of each chunk (:func:`non_finite`, one reduction) and takes the plain
+combines (plain_combine) unless one is NaN or infinite. The carry entering a chunk can come from another
+episode of the row whatever the chunk holds, so it is always applied with the select, which costs one
+select per element. An overflow of the plain partial sums (coefficients above 1 over long stretches)
+is not contained, as the products of coefficients never were.
 """
 
 from __future__ import annotations
@@ -54,14 +59,40 @@ def linear_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
 
 
 @triton.jit
-def _on(A, B, x, ZERO: tl.constexpr = False):
-    """The map (A, B) applied to the state x: A x + B, or B where A == 0 (x not read). ZERO: x is
+def plain_combine(a_l, b_l, a_r, b_r):
+    # linear_combine without the select: the same bits where every b is finite (0 * b_l + b_r is b_r)
+    return a_l * a_r, a_r * b_l + b_r
+
+
+@triton.jit
+def plain_combine_next(a_l, b_l, na_l, nb_l, a_r, b_r, na_r, nb_r):
+    # linear_combine_next without the selects
+    return a_l * a_r, a_r * b_l + b_r, a_l * na_r, na_r * b_l + nb_r
+
+
+@triton.jit
+def _on(A, B, x, ZERO: tl.constexpr = False, CONTAIN: tl.constexpr = True):
+    """The map (A, B) applied to the state x: A x + B, or B where A == 0 (x not read; CONTAIN). ZERO: x is
     known to be 0, so B, broadcast to x (A x + B only adds zeros to it, A being finite)."""
     if ZERO:
         y, _x = tl.broadcast(B, x)
-    else:
+    elif CONTAIN:
         y = tl.where(A == 0, B, A * x + B)
+    else:
+        y = A * x + B
     return y
+
+
+@triton.jit
+def non_finite(x):
+    """Whether any entry of the tile x (rank 1 to 3) is NaN or infinite: x * 0 is 0 for finite x and NaN
+    otherwise, so the sum of those is 0 exactly when every entry is finite."""
+    z = x * 0.0
+    if len(z.shape) == 3:
+        z = tl.sum(z, 2)
+    if len(z.shape) == 2:
+        z = tl.sum(z, 1)
+    return tl.sum(z, 0) != 0
 
 
 @triton.jit
@@ -120,18 +151,18 @@ def _join8(x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @triton.jit
-def _suffix4(a0, a1, a2, a3, b0, b1, b2, b3):
+def _suffix4(a0, a1, a2, a3, b0, b1, b2, b3, CONTAIN: tl.constexpr):
     """Maps (A_j, B_j) from the state after step 3 to the state at step j of 4 steps in processing
     order 3, 2, 1, 0 (x_j = a_j x_{j+1} + b_j)."""
     A3, B3 = a3, b3
-    A2, B2 = a2 * A3, tl.where(a2 == 0, b2, a2 * B3 + b2)
-    A1, B1 = a1 * A2, tl.where(a1 == 0, b1, a1 * B2 + b1)
-    A0, B0 = a0 * A1, tl.where(a0 == 0, b0, a0 * B1 + b0)
+    A2, B2 = a2 * A3, _on(a2, b2, B3, False, CONTAIN)
+    A1, B1 = a1 * A2, _on(a1, b1, B2, False, CONTAIN)
+    A0, B0 = a0 * A1, _on(a0, b0, B1, False, CONTAIN)
     return A0, A1, A2, A3, B0, B1, B2, B3
 
 
 @triton.jit
-def _group_maps(b_a, b_b):
+def _group_maps(b_a, b_b, CONTAIN: tl.constexpr):
     """Grouped [G, BN, S] chunk (S = 4 or 8 steps per group): the maps (A_j, B_j), j < S, from the
     state entering each group (after its later steps) to the state at each of its steps, as planes
     [G, BN]: (A_0, ..., A_{S-1}, B_0, ..., B_{S-1}); for S = 4 the last four of each are unused."""
@@ -142,26 +173,32 @@ def _group_maps(b_a, b_b):
         a1, a3, a5, a7 = _split4(ao)
         b0, b2, b4, b6 = _split4(be)
         b1, b3, b5, b7 = _split4(bo)
-        A4, A5, A6, A7, B4, B5, B6, B7 = _suffix4(a4, a5, a6, a7, b4, b5, b6, b7)
-        L0, L1, L2, L3, M0, M1, M2, M3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3)  # from the state at step 4
+        A4, A5, A6, A7, B4, B5, B6, B7 = _suffix4(a4, a5, a6, a7, b4, b5, b6, b7, CONTAIN)
+        L0, L1, L2, L3, M0, M1, M2, M3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3, CONTAIN)  # from the state at step 4
         A0, A1, A2, A3 = L0 * A4, L1 * A4, L2 * A4, L3 * A4
-        B0, B1, B2, B3 = _on(L0, M0, B4), _on(L1, M1, B4), _on(L2, M2, B4), _on(L3, M3, B4)
+        B0, B1 = _on(L0, M0, B4, False, CONTAIN), _on(L1, M1, B4, False, CONTAIN)
+        B2, B3 = _on(L2, M2, B4, False, CONTAIN), _on(L3, M3, B4, False, CONTAIN)
     else:
         a0, a1, a2, a3 = _split4(b_a)
         b0, b1, b2, b3 = _split4(b_b)
-        A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3)
+        A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3, CONTAIN)
         A4, A5, A6, A7, B4, B5, B6, B7 = A3, A3, A3, A3, B3, B3, B3, B3
     return A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7
 
 
 @triton.jit
-def _group_enter(A0, B0, b_carry, ZERO: tl.constexpr):
+def _group_enter(A0, B0, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr):
     """From the group aggregates (A0, B0) [G, BN] and the carry tile [G, BN] (see
     :func:`carry_tile`): the state entering each group, the new carry tile and the chunk's product of
     a [BN]. One forward scan across the groups (numbered in processing order)."""
-    iA, iB, nA, nB = tl.associative_scan(
-        (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, linear_combine_next
-    )
+    if CONTAIN:
+        iA, iB, nA, nB = tl.associative_scan(
+            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, linear_combine_next
+        )
+    else:
+        iA, iB, nA, nB = tl.associative_scan(
+            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, plain_combine_next
+        )
     b_enter = _on(nA, nB, b_carry, ZERO)
     # the chunk's aggregate, kept broadcast over the groups (one reduction, no [BN] -> tile broadcast)
     b_Ac = _edge(iA, 0, False, True)
@@ -170,11 +207,11 @@ def _group_enter(A0, B0, b_carry, ZERO: tl.constexpr):
 
 
 @triton.jit
-def _group_states(b_a, b_b, b_carry, ZERO: tl.constexpr):
+def _group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr):
     """The states of a grouped chunk, as tiles: (x, x one step earlier in processing order, new
     carry tile, chunk's product of a)."""
-    A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7 = _group_maps(b_a, b_b)
-    c, b_carry_new, b_Ac = _group_enter(A0, B0, b_carry, ZERO)
+    A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7 = _group_maps(b_a, b_b, CONTAIN)
+    c, b_carry_new, b_Ac = _group_enter(A0, B0, b_carry, ZERO, CONTAIN)
     x0, x1, x2, x3 = _on(A0, B0, c), _on(A1, B1, c), _on(A2, B2, c), _on(A3, B3, c)
     if b_a.shape[2] == 8:
         x4, x5, x6, x7 = _on(A4, B4, c), _on(A5, B5, c), _on(A6, B6, c), _on(A7, B7, c)
@@ -187,14 +224,19 @@ def _group_states(b_a, b_b, b_carry, ZERO: tl.constexpr):
 
 
 @triton.jit
-def _env_group_states(b_a, b_b, b_carry, ZERO: tl.constexpr):
+def _env_group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr):
     """:func:`_group_states` of an env-major [BN, G, 4] chunk (groups along axis 1, carry [BN])."""
     a0, a1, a2, a3 = _split4(b_a)
     b0, b1, b2, b3 = _split4(b_b)
-    A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3)
-    iA, iB, nA, nB = tl.associative_scan(
-        (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
-    )
+    A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3, CONTAIN)
+    if CONTAIN:
+        iA, iB, nA, nB = tl.associative_scan(
+            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
+        )
+    else:
+        iA, iB, nA, nB = tl.associative_scan(
+            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, plain_combine_next
+        )
     c = _on(nA, nB, b_carry[:, None], ZERO)
     b_Ac = _edge(iA, 1, False, False)
     b_Bc = _edge(iB, 1, False, False)
@@ -242,17 +284,21 @@ def _edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
 
 @triton.jit
 def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr,
-               ZERO: tl.constexpr = False):  # fmt: skip
+               ZERO: tl.constexpr = False, CONTAIN: tl.constexpr = True):  # fmt: skip
     """Scan of one chunk (see :func:`chunk`) seeded with the carry [BN] (the state before the chunk
     in processing order). Returns (x, new carry, the chunk's product of a), the last two being the
     chunk's aggregate for multi-block scans. ZERO: the carry is known to be 0 (a block's first chunk
-    without a seed), so it is not applied."""
+    without a seed), so it is not applied. CONTAIN: selects in the combines too, for a chunk with a
+    non-finite offset (the module docstring); the carry is applied with a select either way."""
     if FORM == GROUPS4 or FORM == GROUPS8:
-        b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO)
+        b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO, CONTAIN)
     elif FORM == ENV_GROUPS:
-        b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO)
+        b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO, CONTAIN)
     else:  # plain tiles; descending ones hold processing order, so they scan forward
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and FORM == PLAIN)
+        if CONTAIN:
+            b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and FORM == PLAIN)
+        else:
+            b_A, b_B = tl.associative_scan((b_a, b_b), 1, plain_combine, reverse=REVERSE and FORM == PLAIN)
         b_x = _on(b_A, b_B, b_carry[:, None], ZERO)
         b_carry_new = _edge(b_x, 1, REVERSE and FORM == PLAIN, False)
         b_Ac = _edge(b_A, 1, REVERSE and FORM == PLAIN, False)
@@ -261,24 +307,42 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM:
 
 @triton.jit
 def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr,
-                    ZERO: tl.constexpr = False):  # fmt: skip
+                    ZERO: tl.constexpr = False, CONTAIN: tl.constexpr = True):  # fmt: skip
     """:func:`scan_chunk` of a recurrence that also returns the state one step earlier in processing
     order at each slot (x_{t+1} of a reverse recurrence; the carry at the chunk's first processed
     slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
     if FORM == GROUPS4 or FORM == GROUPS8:
-        b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO)
+        b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO, CONTAIN)
     elif FORM == ENV_GROUPS:
-        b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO)
+        b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO, CONTAIN)
     else:
-        b_A, b_B, b_nA, b_nB = tl.associative_scan(
-            (b_a, b_b, tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)), 1,
-            linear_combine_next, reverse=REVERSE and FORM == PLAIN,
-        )  # fmt: skip
+        ones, zeros = tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)
+        if CONTAIN:
+            b_A, b_B, b_nA, b_nB = tl.associative_scan(
+                (b_a, b_b, ones, zeros), 1, linear_combine_next, reverse=REVERSE and FORM == PLAIN
+            )
+        else:
+            b_A, b_B, b_nA, b_nB = tl.associative_scan(
+                (b_a, b_b, ones, zeros), 1, plain_combine_next, reverse=REVERSE and FORM == PLAIN
+            )
         b_x = _on(b_A, b_B, b_carry[:, None], ZERO)
         b_xn = _on(b_nA, b_nB, b_carry[:, None], ZERO)
         b_carry_new = _edge(b_x, 1, REVERSE and FORM == PLAIN, False)
         b_Ac = _edge(b_A, 1, REVERSE and FORM == PLAIN, False)
     return b_x, b_xn, b_carry_new, b_Ac
+
+
+@triton.jit
+def scan_states(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr, ZERO: tl.constexpr,
+                NEXT: tl.constexpr, CONTAIN: tl.constexpr):  # fmt: skip
+    """:func:`scan_chunk_next` with NEXT, else :func:`scan_chunk` with x standing for the states one step
+    earlier: (x, xn, new carry, the chunk's product of a)."""
+    if NEXT:
+        b_x, b_xn, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, CONTAIN)
+    else:
+        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, CONTAIN)
+        b_xn = b_x
+    return b_x, b_xn, b_carry, b_Ac
 
 
 # Multi-block scans: one program per (env block, time block) when rows are long and envs few. PHASE:
@@ -523,12 +587,16 @@ def lookback_envs(p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, S: tl.constexpr, EPOCH
 
 @triton.jit
 def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
-                    FORM: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, EPOCHS: tl.constexpr):  # fmt: skip
+                    FORM: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, EPOCHS: tl.constexpr, bad):  # fmt: skip
     """Look-back phases (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
-    in registers, then :func:`lookback` (one env per program) or :func:`lookback_envs` (blocks of time-major
-    envs). Returns (A, B) of everything before the block, [1] or [BN]."""
+    in registers (contained where ``bad``: a non-finite offset), then :func:`lookback` (one env per program) or
+    :func:`lookback_envs` (blocks of time-major envs). Returns (A, B) of everything before the block, [1] or
+    [BN]."""
     b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, FORM)
-    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True)
+    if bad:
+        _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, True)
+    else:
+        _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, False)
     if o_n.shape[0] == 1:
         b_A, b_B = lookback(
             p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Al, carry_row(b_Bl, FORM), E, ACC, S, EPOCHS
@@ -708,19 +776,19 @@ def scan_rows(
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
         b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
+        bad = non_finite(b_b)  # selects in the combines only for a non-finite offset (the module docstring)
         if PHASE >= LOOKBACK:  # one chunk per block: the state entering it from the blocks before
             b_Ap, b_Bp = lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, REVERSE, FORM, ACC, NKP,
-                PHASE == LOOKBACK_EPOCHS,
+                PHASE == LOOKBACK_EPOCHS, bad,
             )  # fmt: skip
             if SEEDED:
                 b_Bp = state_on(b_Ap, b_Bp, b_seed)
             b_carry = carry_tile(b_Bp, BT, FORM)
-        if NEXT:
-            b_x, b_xn, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO)
+        if bad:
+            b_x, b_xn, b_carry, b_Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, True)
         else:
-            b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO)
-            b_xn = b_x
+            b_x, b_xn, b_carry, b_Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, False)
         b_Ablk *= b_Ac
         if PHASE != AGGREGATES:
             EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)

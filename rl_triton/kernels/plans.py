@@ -124,7 +124,7 @@ _ROW_PER_THREAD = ("vtrace",)
 # Single-pass rows of several whole chunks that drop the time mask, by kind: element sizes.
 _WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
 # Register caps of single-pass programs of one chunk per row: kind -> {(bt, warps): cap}.
-_SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}}
+_SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}, "returns": {(4096, 8): 64}}
 _RETRACE_SINGLE_CAP = 64
 
 # Time-block splits per kind.
