@@ -406,10 +406,11 @@ def vtrace_with_next_values(
     recursion (and makes the advantage bootstrap from ``next_values``), ``terminateds`` zeroes the
     bootstrap. Returns ``(vs, advantages)``. Used by :mod:`rl_triton.modules`."""
     if is_compiling() and _ops.tracing():
-        return _ops.emit(
-            "_vtrace_next", log_pi_target, log_pi_behavior, values, next_values, rewards, terminateds, dones,
-            gamma=gamma, rho_bar=rho_bar, c_bar=c_bar,
-        )  # fmt: skip
+        return _ops.emit_ordered(
+            "_vtrace_next",
+            (log_pi_target, log_pi_behavior, values, next_values, rewards, terminateds, dones),
+            {"gamma": gamma, "rho_bar": rho_bar, "c_bar": c_bar},
+        )
     return _vtrace(
         "vtrace_with_next_values", log_pi_target, log_pi_behavior, values, rewards, terminateds, dones, gamma,
         rho_bar, c_bar, next_values, None, True, plan,
@@ -719,7 +720,7 @@ def _traced_rows(name: str, rows, like: torch.Tensor, tensors: tuple, gamma, lam
     """The op ``name`` on ``tensors`` viewed as ``rows`` (the outputs back in ``like``'s shape), while tracing."""
     if rows is not None:
         tensors = tuple(None if x is None else x.reshape(rows) for x in tensors)
-    out = _ops.emit(name, *tensors, gamma=gamma, lambda_=lambda_)
+    out = _ops.emit_ordered(name, tensors, {"gamma": gamma, "lambda_": lambda_})
     if rows is None:
         return out
     return out.reshape(like.shape) if isinstance(out, torch.Tensor) else tuple(o.reshape(like.shape) for o in out)

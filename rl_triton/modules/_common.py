@@ -203,6 +203,11 @@ class CachedScalars:
         self._scalar_cache()[name] = (buf, version, value)
         return value
 
+    def _scalars(self, *names: str) -> tuple:
+        """:meth:`_scalar` of each of ``names``, from one call (compiled after a graph break, one frame rather
+        than one per name: each name would recompile it)."""
+        return tuple([self._scalar(name) for name in names])
+
     def _traced_scalar(self, name: str) -> float | torch.Tensor | None:
         """:meth:`_scalar` while torch.compile traces: ``gamma`` and ``lmbda``, which rl_triton's functions take
         as 0-d tensors, are the buffer itself (read by the compiled op at run time: reading it here would break

@@ -177,9 +177,12 @@ class _RLTritonEstimator(CachedScalars):
             if target_params is None:
                 target_params = params.clone(False)
         held = always_hold or (params is None and target_params is None)
+        # TorchRL's vmap_randomness sets "different" on its first compiled read, a change of the module that would
+        # recompile the next call: the same value, without the write
+        vmap = self.vmap_randomness if self._vmap_randomness is not None or not is_compiling() else "different"
         call = {
             "data": tensordict, "params": params, "next_params": target_params, "single_call": self.shifted,
-            "value_key": self.tensor_keys.value, "detach_next": True, "vmap_randomness": self.vmap_randomness,
+            "value_key": self.tensor_keys.value, "detach_next": True, "vmap_randomness": vmap,
         }  # fmt: skip
         return held, call
 
@@ -526,7 +529,7 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         width = math.gcd(numel, _TD0_ROW) if numel else 1
         rows = (numel // width, width)
         every_step = self._all_steps(torch.Size(rows), reward.device)
-        if type(gamma) is not float:  # a per-step gamma, expanded to the data's shape (_discounts)
+        if type(gamma) is not float and gamma.dim():  # a per-step gamma, expanded to the data's shape (_discounts)
             gamma = gamma.reshape(rows)
         if value is not None and value.dtype == reward.dtype == next_value.dtype and value.shape == reward.shape:
             # the tensors as they are (rows=, no view op), the advantage from the same launch
@@ -546,6 +549,8 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         same shape: it is only ever read, and allocating it (a fill kernel) would cost each call a
         launch. Tensors made in inference mode are kept apart (they cannot be saved for backward), and
         so are CUDA streams (a call on another stream must not read it before its fill has run)."""
+        if is_compiling():  # a constant of the compiled graph: no cache to key
+            return torch.ones(shape, dtype=torch.bool, device=device)
         stream = torch._C._cuda_getCurrentRawStream(device.index or 0) if device.type == "cuda" else None
         key = (shape, device, torch.is_inference_mode_enabled(), stream)
         hit = self.__dict__.get("_rlt_all_steps")
@@ -1059,7 +1064,7 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
         data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
         reward, done, terminated = self._signals(data_for_value)
 
-        rho, c = self._scalar("rho_thresh"), self._scalar("c_thresh")
+        rho, c = self._scalars("rho_thresh", "c_thresh")
         got = None
         if non_negative(rho, c) and same_shapes(value, next_value, reward, done, terminated, log_pi, log_mu):
             got = self._discounts(("gamma",), value, time_dim, steps, steps_reward)
