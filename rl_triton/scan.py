@@ -31,6 +31,8 @@ def torch_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reve
     composed coefficient is zero, so a non-finite state behind a zero coefficient is never read. With finite
     states the two agree exactly (``0 * x + b == b``)."""
     b = _fold_init(a, b, init, reverse)
+    if b.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _doubling(a, b, reverse, True)  # no host read in a CUDA graph: the contained passes at once
     out = _doubling(a, b, reverse, False)
     if not bool(torch.isfinite(out).all()):
         out = _doubling(a, b, reverse, True)
