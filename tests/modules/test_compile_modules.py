@@ -200,3 +200,57 @@ def test_loss_graph_breaks_and_recompiles(path, loss_name, estimator):
     for key in want.keys():
         if key.startswith("loss_"):
             assert_tensor_close(outs[-1][key], want[key], what=key)
+
+
+# ------------------------------------------------------------------------------------------------ GPU, inductor
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_estimator_fullgraph_inductor_cuda(name):
+    module, make = next((m, f) for n, m, f in _estimators("cuda") if n == name)
+    module = module.to("cuda")
+    td = make()
+    want = module(td.clone())
+    got = torch.compile(module, fullgraph=True)(td.clone())
+    for key in ("advantage", "value_target"):
+        if key in want.keys():
+            assert_tensor_close(got[key], want[key], what=key)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("loss_name", "estimator"), CASES, ids=["ClipPPO-GAE", "A2C-GAE", "IMPALA-A2C-VTrace"])
+def test_loss_graph_breaks_inductor_cuda(loss_name, estimator):
+    actor, critic = actor_critic("cuda")
+    td = batch(actor, "cuda")
+    found = {}
+    for name, cls in (("ours", getattr(rtm, estimator)), ("torchrl", getattr(trl, estimator))):
+        loss = _loss(loss_name, cls, actor, critic)
+        found[name] = _breaks(torch.compile(loss), td.clone())
+    assert found["ours"][0] <= found["torchrl"][0], (found["ours"][0], found["torchrl"][0])
+    want = loss_of(loss_name, getattr(rtm, estimator), actor, critic, td)
+    for key in want.keys():
+        if key.startswith("loss_"):
+            assert_tensor_close(found["ours"][1][key], want[key], what=key)
+
+
+def loss_of(loss_name, cls, actor, critic, td):
+    return _loss(loss_name, cls, actor, critic)(td.clone())
+
+
+@pytest.mark.cuda
+def test_loss_cuda_graphs_reduce_overhead():
+    """The whole compiled ClipPPO loss with our GAE in CUDA graphs: replays with new data and a new gamma in the
+    buffer give the eager loss's numbers."""
+    actor, critic = actor_critic("cuda")
+    loss = _loss("ClipPPO", rtm.GAE, actor, critic)
+    compiled = torch.compile(loss, mode="reduce-overhead")
+    for step in range(4):
+        if step == 2:
+            with torch.no_grad():
+                loss.value_estimator.gamma.fill_(0.8)
+        td = batch(actor, "cuda")
+        got = {k: v.clone() for k, v in compiled(td.clone()).items() if k.startswith("loss_")}
+        want = loss(td.clone())
+        for key, value in got.items():
+            assert_tensor_close(value, want[key], what=f"{key} at call {step}")
