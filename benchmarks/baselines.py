@@ -14,6 +14,7 @@ torchrl_module_vec   TorchRL's ``GAE(vectorized=True)``                         
 eager                a Python loop over time (benchmarks.torch_impls.EAGER)                    primary call
 compile              ``torch.compile`` of the vectorised scans (benchmarks.torch_impls),       primary call
                      the fastest correct of the variants tried
+loop_path            rl_triton's PyTorch path with its scan as a loop over time (CPU only)     primary call
 ===================  =====================================================================  ===================
 
 TorchRL gets its usual layout: ``[N, T, 1]`` tensors (views of the same data), ``time_dim=-2``,
