@@ -369,12 +369,14 @@ class PyTorchPathLoop(Baseline):
         call, setup, rows = ours_call(f"{ctx.spec.name}:primary", ctx.x)
 
         def looped(arg):
+            import rl_triton
             from rl_triton import _dispatch
 
             saved = _dispatch.torch_scan
             _dispatch.torch_scan = loop_scan
             try:
-                return call(arg)
+                with rl_triton.use_backend("torch"):  # the PyTorch path, also under TRITON_INTERPRET=1
+                    return call(arg)
             finally:
                 _dispatch.torch_scan = saved
 
