@@ -225,7 +225,7 @@ def test_loss_graph_breaks_inductor_cuda(loss_name, estimator):
     td = batch(actor, "cuda")
     found = {}
     for name, cls in (("ours", getattr(rtm, estimator)), ("torchrl", getattr(trl, estimator))):
-        loss = _loss(loss_name, cls, actor, critic)
+        loss = _loss(loss_name, cls, actor, critic).to("cuda")
         found[name] = _breaks(torch.compile(loss), td.clone())
     assert found["ours"][0] <= found["torchrl"][0], (found["ours"][0], found["torchrl"][0])
     want = loss_of(loss_name, getattr(rtm, estimator), actor, critic, td)
@@ -243,7 +243,7 @@ def test_loss_cuda_graphs_reduce_overhead():
     """The whole compiled ClipPPO loss with our GAE in CUDA graphs: replays with new data and a new gamma in the
     buffer give the eager loss's numbers."""
     actor, critic = actor_critic("cuda")
-    loss = _loss("ClipPPO", rtm.GAE, actor, critic)
+    loss = _loss("ClipPPO", rtm.GAE, actor, critic).to("cuda")  # the gamma buffer too: read on the device
     compiled = torch.compile(loss, mode="reduce-overhead")
     for step in range(4):
         if step == 2:
