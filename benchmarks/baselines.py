@@ -14,6 +14,7 @@ torchrl_module_vec   TorchRL's ``GAE(vectorized=True)``                         
 eager                a Python loop over time (benchmarks.torch_impls.EAGER)                    primary call
 compile              ``torch.compile`` of the vectorised scans (benchmarks.torch_impls),       primary call
                      the fastest correct of the variants tried
+loop_path            rl_triton's PyTorch path with its scan as a loop over time (CPU only)     primary call
 ===================  =====================================================================  ===================
 
 TorchRL gets its usual layout: ``[N, T, 1]`` tensors (views of the same data), ``time_dim=-2``,
@@ -350,6 +351,58 @@ class EagerLoop(Baseline):
         return (lambda _: fn(*args)), (lambda: None), rows
 
 
+class PyTorchPathLoop(Baseline):
+    """rl_triton's own PyTorch path as it was before its scans ran in log-depth passes: the same prologue and
+    epilogue, the recurrence as a Python loop over time (vectorised across rows), so that the CPU table shows what
+    the log-depth scan gains."""
+
+    name = "loop_path"
+    label = "rl_triton's PyTorch path with a loop over time"
+
+    def applies(self, spec):
+        return True
+
+    def skip_reason(self, spec, n, t, opts):
+        return None if opts.device.type == "cpu" else "the PyTorch path: CPU only"
+
+    def prepare(self, ctx):
+        call, setup, rows = ours_call(f"{ctx.spec.name}:primary", ctx.x)
+
+        def looped(arg):
+            import rl_triton
+            from rl_triton import _dispatch
+
+            saved = _dispatch.torch_scan
+            _dispatch.torch_scan = loop_scan
+            try:
+                with rl_triton.use_backend("torch"):  # the PyTorch path, also under TRITON_INTERPRET=1
+                    return call(arg)
+            finally:
+                _dispatch.torch_scan = saved
+
+        return looped, setup, rows
+
+
+def loop_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool) -> torch.Tensor:
+    """The recurrence of :mod:`rl_triton.scan` one step at a time, contained (a select where ``a_t == 0``) only
+    when the plain loop met a non-finite state, as the PyTorch path did."""
+    out = _loop(a, b, init, reverse, None)
+    if not bool(torch.isfinite(out).all()):
+        out = _loop(a, b, init, reverse, a == 0)
+    return out
+
+
+def _loop(a, b, init, reverse, zero):
+    out = torch.empty_like(b)
+    x = torch.zeros(b.shape[0], dtype=b.dtype, device=b.device) if init is None else init.to(b.dtype)
+    for t in range(b.shape[1] - 1, -1, -1) if reverse else range(b.shape[1]):
+        x = torch.addcmul(b[:, t], a[:, t], x)
+        if zero is not None:
+            x = torch.where(zero[:, t], b[:, t], x)
+        out[:, t] = x
+    return out
+
+
 def compile_variants(n: int, t: int, opts: Options) -> tuple[list[str], list[str]]:
     """(scans to try, fallbacks tried only when none of them is correct).
 
@@ -475,6 +528,7 @@ BASELINES: dict[str, Baseline] = {
         TorchRLModule("torchrl_module_vec", vectorized=True),
         EagerLoop(),
         Compiled(),
+        PyTorchPathLoop(),
     ]
 }
 

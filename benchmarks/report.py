@@ -101,12 +101,13 @@ def collect_meta(*, gpu: str, device, mode: str, commit: str | None, argv: list[
         "mode": mode,
         "argv": argv,
         "rl_triton_path": path,
-        "times_meaningful": device.type == "cuda" and not interpret,
+        # on the CPU the functions run the PyTorch path, timed as a user's call (not under the interpreter)
+        "times_meaningful": device.type in ("cuda", "cpu") and not interpret,
         "timing": (
             "kernel: triton.testing.do_bench median of a CUDA-graph replay of the call (L2 flushed); "
             "full call: CUDA events, median after warm-up"
             if device.type == "cuda"
-            else "time.perf_counter medians on the CPU (smoke run: times are meaningless)"
+            else "full call: time.perf_counter median on the CPU after warm-up (the PyTorch path)"
         ),
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "matmul_precision": torch.get_float32_matmul_precision(),

@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--quick", action="store_true", help="a small set of configurations (about a minute on an H200)")
     ap.add_argument("--gpu", default=None, help="label of the machine (default: torch.cuda.get_device_name(0))")
-    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke run: tiny shapes, no real times)")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the PyTorch path; 4x16 unless --shapes)")
     ap.add_argument("--no-update", action="store_true", help="print only: write no JSON and leave unreleased.md alone")
     ap.add_argument("--out-dir", default=str(report.DEFAULT_OUT_DIR), help="where the JSON and unreleased.md go")
     ap.add_argument("--json", default=None, help="also write the results JSON to this path (even with --no-update)")

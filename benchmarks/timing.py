@@ -1,8 +1,9 @@
 """Timers. On CUDA: ``triton.testing.do_bench`` (median, L2 flushed between runs) of a CUDA-graph
 replay for kernel time (GPU time without the host's launch time),
 CUDA events around one whole call (median after warm-up) for full-call time, and a
-device-to-device ``copy_`` as the bandwidth ceiling. On CPU (smoke runs only) everything is
-``time.perf_counter`` and the numbers mean nothing."""
+device-to-device ``copy_`` as the bandwidth ceiling. On the CPU everything is the ``time.perf_counter`` median
+of whole calls after warm-up: the PyTorch path as a user calls it (under the Triton interpreter, the numbers mean
+nothing)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class Budget:
 
 QUICK = Budget(bench_warmup_ms=5, bench_rep_ms=20, call_warmup=3, call_reps=30, call_budget_s=0.25)
 FULL = Budget(bench_warmup_ms=25, bench_rep_ms=100, call_warmup=10, call_reps=100, call_budget_s=1.5)
-CPU = Budget(bench_warmup_ms=0, bench_rep_ms=0, call_warmup=1, call_reps=3, call_budget_s=0.05)
+CPU = Budget(bench_warmup_ms=0, bench_rep_ms=0, call_warmup=2, call_reps=15, call_budget_s=0.5)
 MIN_REPS = 3
 
 

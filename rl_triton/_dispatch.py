@@ -45,11 +45,13 @@ def current_backend() -> str:
 def use_kernels(device: torch.device, device_type: str | None = None) -> bool:
     """Whether a call on ``device`` runs the kernels (``device_type``: ``device.type`` when the caller
     has it at hand)."""
+    if device_type is None:
+        device_type = device.type
+    if torch.compiler.is_compiling():
+        return _traced_use_kernels(device_type)
     choice = _backend.get()
     if choice == "torch":
         return False
-    if device_type is None:
-        device_type = device.type
     if device_type == "cuda":
         return True
     if device_type == "cpu" and _config.INTERPRET:
@@ -58,6 +60,28 @@ def use_kernels(device: torch.device, device_type: str | None = None) -> bool:
         raise RuntimeError(
             f"rl_triton: backend 'triton' was requested for tensors on {device}; the kernels run on CUDA "
             "tensors, or on CPU tensors when TRITON_INTERPRET=1 is set before importing rl_triton"
+        )
+    return False
+
+
+@torch.compiler.assume_constant_result
+def _backend_when_compiled() -> str:
+    return _backend.get()  # Dynamo cannot read a ContextVar: read once, a constant of the compiled code
+
+
+def _traced_use_kernels(device_type: str) -> bool:
+    """:func:`use_kernels` in code that torch.compile traces (the functions of :mod:`rl_triton.llm`; the others
+    are opaque ops), with the backend in force when it was compiled. CPU tensors take the PyTorch path even
+    under ``TRITON_INTERPRET=1``: Dynamo cannot trace Triton's interpreter."""
+    choice = _backend_when_compiled()
+    if choice == "torch":
+        return False
+    if device_type == "cuda":
+        return True
+    if choice == "triton":
+        raise RuntimeError(
+            "rl_triton: backend 'triton' cannot run CPU tensors under torch.compile (Triton's interpreter cannot "
+            "be traced); use backend 'auto' or 'torch' there, which run the PyTorch path"
         )
     return False
 

@@ -100,6 +100,16 @@ def emit(name: str, /, *args, **kwargs):
     return out[0] if n_out == 1 else tuple(out)
 
 
+def emit_ordered(name: str, tensors: Sequence, floats: dict):
+    """:func:`emit` for a caller holding the tensor arguments in order and the float ones by name: no
+    ``Signature.bind``, on which Dynamo breaks the graph once the traced code has mutated a dict."""
+    _, _, f_names, _, _, n_out, either = _REGISTRY[name]
+    slots = [floats[k].detach() if isinstance(floats[k], torch.Tensor) else None for k in either]
+    values = [0.0 if isinstance(floats[k], torch.Tensor) else float(floats[k]) for k in f_names]
+    out = call(name, list(tensors) + slots, values, "")
+    return out[0] if n_out == 1 else tuple(out)
+
+
 def _eager(name: str, tensors: Sequence, floats: Sequence[float], option: str):
     """Runs public function ``name``: ``tensors`` fill its tensor arguments, then the tensor slots of its
     float-or-tensor ones (None: the float slot's number)."""

@@ -138,17 +138,23 @@ def discount(name: str, value) -> float | torch.Tensor:
     :func:`per_step` once the call's shape is known)."""
     if type(value) is float and value == value and 0.0 <= value <= 1.0:
         return value
-    if isinstance(value, torch.Tensor) and (value.dim() > 1 or value.numel() != 1):
+    if isinstance(value, torch.Tensor) and (value.dim() > 1 or value.numel() != 1 or _captured(value)):
         if value.is_complex() or not value.is_floating_point():
             raise TypeError(f"{name} must be a Python float or a floating tensor, got a tensor of {_describe(value)}")
         return value
     return scalar(name, value)
 
 
+def _captured(value: torch.Tensor) -> bool:
+    """A 0-d CUDA tensor while a CUDA graph is captured (``torch.compile(mode="reduce-overhead")``): it is read on
+    the device, as a per-step view (:func:`per_step_view`), since reading it to the host would end the capture."""
+    return value.dim() == 0 and value.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def fast_discount(name: str, value) -> float:
-    """:func:`discount` for the fast paths: a tensor gamma/lambda_ (not one element) raises
+    """:func:`discount` for the fast paths: a tensor gamma/lambda_ (not one element, or captured) raises
     :class:`TensorDiscount`."""
-    if isinstance(value, torch.Tensor) and (value.dim() > 1 or value.numel() != 1):
+    if isinstance(value, torch.Tensor) and (value.dim() > 1 or value.numel() != 1 or _captured(value)):
         raise TensorDiscount(name)
     return scalar(name, value)
 
@@ -172,7 +178,9 @@ def per_step_view(
     the fast paths can call it too)."""
     shape = tuple(g.shape)
     g = g.detach()
-    if squeeze:
+    if shape == ():  # a captured 0-d tensor (:func:`discount`): the same number at every step
+        rows = g.reshape(1, 1).expand(1 if squeeze else n, t)
+    elif squeeze:
         if shape != (t,):
             raise ValueError(
                 f"{fn}: '{name}' must be a float, a 0-d tensor or a per-step tensor of shape {(t,)} for a 1-D "

@@ -265,6 +265,9 @@ def gae_with_next_values(
     outputs then come in that shape, without view ops on the kernel path (:func:`prepare`). ``gamma`` and
     ``lambda_`` as in :func:`compute_gae`; a per-step tensor of a ``rows=`` call is ``(N, T)`` (the rows' form).
     """
+    if is_compiling() and _ops.tracing():
+        name = "_gae_next_targets" if targets else "_gae_next"
+        return _traced_rows(name, rows, rewards, (rewards, values, next_values, terminateds, dones), gamma, lambda_)
     fn = "gae_with_next_values"
     tensors = (rewards, values, next_values, terminateds, dones, None)
     key = signature(fn, _GAE_NEXT, rows, tensors)
@@ -402,6 +405,12 @@ def vtrace_with_next_values(
     """V-trace in TorchRL's form: ``next_values[t]`` = V(s_{t+1}) at every step, ``dones`` cuts the
     recursion (and makes the advantage bootstrap from ``next_values``), ``terminateds`` zeroes the
     bootstrap. Returns ``(vs, advantages)``. Used by :mod:`rl_triton.modules`."""
+    if is_compiling() and _ops.tracing():
+        return _ops.emit_ordered(
+            "_vtrace_next",
+            (log_pi_target, log_pi_behavior, values, next_values, rewards, terminateds, dones),
+            {"gamma": gamma, "rho_bar": rho_bar, "c_bar": c_bar},
+        )
     return _vtrace(
         "vtrace_with_next_values", log_pi_target, log_pi_behavior, values, rewards, terminateds, dones, gamma,
         rho_bar, c_bar, next_values, None, True, plan,
@@ -671,6 +680,9 @@ def returns_with_advantages(
     with ``lambda_ = 1``, :func:`compute_discounted_returns`, bit for bit; the advantages are rounded
     to the inputs' dtype once, so they equal ``G - values`` bit for bit. ``rows``: as in
     :func:`gae_with_next_values`."""
+    if is_compiling() and _ops.tracing():
+        shaped = (rewards, values, terminateds, truncateds, next_values, bootstrap_values)
+        return _traced_rows("_returns_advantages", rows, rewards, shaped, gamma, lambda_)
     fn = "returns_with_advantages"
     tensors = (rewards, values, next_values, bootstrap_values, terminateds, truncateds)
     key = signature(fn, _RWA_REQUIRED, rows, tensors)
@@ -698,6 +710,62 @@ def returns_with_advantages(
 
     g, adv = run(p, reference.returns_advantages, s, kernel, _RWA_DIFF, 2)
     return p.finish(g), p.finish(adv)
+
+
+# torch.compile: the TorchRL-form functions above as rl_triton::call ops (registered under these private names),
+# so that Dynamo traces none of their validation, caches or backend choice
+
+
+def _traced_rows(name: str, rows, like: torch.Tensor, tensors: tuple, gamma, lambda_):
+    """The op ``name`` on ``tensors`` viewed as ``rows`` (the outputs back in ``like``'s shape), while tracing."""
+    if rows is not None:
+        tensors = tuple(None if x is None else x.reshape(rows) for x in tensors)
+    out = _ops.emit_ordered(name, tensors, {"gamma": gamma, "lambda_": lambda_})
+    if rows is None:
+        return out
+    return out.reshape(like.shape) if isinstance(out, torch.Tensor) else tuple(o.reshape(like.shape) for o in out)
+
+
+@compilable(like="rewards", n_out=1)
+def _gae_next(
+    rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminateds: torch.Tensor,
+    dones: torch.Tensor, *, gamma: float | torch.Tensor, lambda_: float | torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    return gae_with_next_values(rewards, values, next_values, terminateds, dones, gamma=gamma, lambda_=lambda_)
+
+
+@compilable(like="rewards", n_out=2)
+def _gae_next_targets(
+    rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminateds: torch.Tensor,
+    dones: torch.Tensor, *, gamma: float | torch.Tensor, lambda_: float | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return gae_with_next_values(
+        rewards, values, next_values, terminateds, dones, gamma=gamma, lambda_=lambda_, targets=True
+    )
+
+
+@compilable(like="rewards", n_out=2)
+def _vtrace_next(
+    log_pi_target: torch.Tensor, log_pi_behavior: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+    rewards: torch.Tensor, terminateds: torch.Tensor, dones: torch.Tensor, *, gamma: float | torch.Tensor,
+    rho_bar: float, c_bar: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return vtrace_with_next_values(
+        log_pi_target, log_pi_behavior, values, next_values, rewards, terminateds, dones, gamma=gamma,
+        rho_bar=rho_bar, c_bar=c_bar,
+    )  # fmt: skip
+
+
+@compilable(like="rewards", n_out=2)
+def _returns_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, terminateds: torch.Tensor, truncateds: torch.Tensor | None,
+    next_values: torch.Tensor | None, bootstrap_values: torch.Tensor | None, *, gamma: float | torch.Tensor,
+    lambda_: float | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return returns_with_advantages(
+        rewards, values, terminateds, truncateds, gamma=gamma, lambda_=lambda_, next_values=next_values,
+        bootstrap_values=bootstrap_values,
+    )  # fmt: skip
 
 
 def _scale(gamma, lambda_) -> float:

@@ -16,8 +16,8 @@ of ``rl_triton`` does not import them.
 """
 
 try:
-    import tensordict  # noqa: F401
-    import torchrl  # noqa: F401
+    import tensordict as _tensordict
+    import torchrl as _torchrl
 except ImportError as err:  # pragma: no cover - exercised only without the optional extra
     raise ImportError(
         "rl_triton.modules needs TorchRL and tensordict, which are not installed "
@@ -30,6 +30,8 @@ from .advantages import GAE, MultiAgentGAE, TD0Estimator, TD1Estimator, TDLambda
 from .llm import GroupAdvantage, TokenGAE
 from .retrace import Retrace
 from .transforms import Reward2GoTransform
+
+del _tensordict, _torchrl  # imported only to fail early: not names of this package
 
 __all__ = [
     "GAE",

@@ -8,7 +8,7 @@
   estimator called on a tensordict with ``batch_size []`` gets time dim -1).
 * :class:`CachedScalars` keeps Python-float copies of 0-d tensor buffers (``gamma``, ``lmbda``,
   ...), so that a forward pass on CUDA passes plain floats to the kernels instead of calling
-  ``.item()`` (a host sync) every time.
+  ``.item()`` (a host sync) every time. Under torch.compile ``gamma`` and ``lmbda`` go as the buffers.
 * :class:`MissingEntryError` / :func:`missing_entry`: the error for an absent tensordict entry.
 """
 
@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+from torch.compiler import is_compiling
 
 # --------------------------------------------------------------------------------------------
 # layout
@@ -97,7 +98,11 @@ def in_unit(*values: float | None) -> bool:
     """All values are known and in [0, 1] (the range rl_triton accepts for gamma and lambda). A plain
     loop: the estimators' fast paths call this on every step (a generator costs ~3x as much)."""
     for v in values:
-        if v is None or not 0.0 <= v <= 1.0:
+        if v is None:
+            return False
+        if type(v) is not float and isinstance(v, torch.Tensor):
+            continue  # a buffer under torch.compile (:meth:`CachedScalars._scalar`): checked by the op at run time
+        if not 0.0 <= v <= 1.0:
             return False
     return True
 
@@ -122,7 +127,8 @@ def discount_rows(
             return None
     except RuntimeError:
         return None
-    if g.device.type == "cpu" and g.numel() and not bool(((g >= 0) & (g <= 1)).all()):
+    # (under torch.compile the function called checks a CPU tensor at run time: a check here would break the graph)
+    if not is_compiling() and g.device.type == "cpu" and g.numel() and not bool(((g >= 0) & (g <= 1)).all()):
         return None
     full = g.expand(shape)
     return full if dim is None else to_rows(full, dim)
@@ -179,7 +185,9 @@ class CachedScalars:
             cache = self.__dict__["_rlt_scalar_cache"] = {}
         return cache
 
-    def _scalar(self, name: str) -> float | None:
+    def _scalar(self, name: str) -> float | torch.Tensor | None:
+        if is_compiling():
+            return self._traced_scalar(name)
         buf = self._buffers.get(name)
         if buf is None:
             return None
@@ -194,6 +202,25 @@ class CachedScalars:
         value = _read(buf)
         self._scalar_cache()[name] = (buf, version, value)
         return value
+
+    def _scalars(self, *names: str) -> tuple:
+        """:meth:`_scalar` of each of ``names``, from one call (compiled after a graph break, one frame rather
+        than one per name: each name would recompile it)."""
+        return tuple([self._scalar(name) for name in names])
+
+    def _traced_scalar(self, name: str) -> float | torch.Tensor | None:
+        """:meth:`_scalar` while torch.compile traces: ``gamma`` and ``lmbda``, which rl_triton's functions take
+        as 0-d tensors, are the buffer itself (read by the compiled op at run time: reading it here would break
+        the graph, and a new value in the buffer would recompile); other scalars (clipping thresholds) are the
+        cached float, a constant of the graph."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() != 1 or buf.requires_grad:
+            return None
+        if name in ("gamma", "lmbda"):
+            return buf.reshape(())
+        cache = self.__dict__.get("_rlt_scalar_cache")
+        hit = None if cache is None else cache.get(name)
+        return None if hit is None or hit[0] is not buf else hit[2]
 
     def _known_scalar(self, name: str) -> float | None:
         """Like :meth:`_scalar` but never syncs: None unless cached or the buffer is on the CPU."""

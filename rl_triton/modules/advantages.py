@@ -30,10 +30,11 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 from tensordict.nn import CompositeDistribution, dispatch, set_composite_lp_aggregate
 from tensordict.utils import NestedKey
+from torch.compiler import is_compiling
 from torchrl.objectives.utils import _maybe_get_or_select, hold_out_net
 from torchrl.objectives.value import advantages as _trl
 from torchrl.objectives.value import functional as _trl_fn
-from torchrl.objectives.value.advantages import _self_set_grad_enabled, _self_set_skip_existing
+from torchrl.objectives.value.advantages import _self_set_grad_enabled, _self_set_skip_existing, set_skip_existing
 
 from .. import functional as F
 from ._common import (
@@ -123,10 +124,12 @@ class _RLTritonEstimator(CachedScalars):
     #: they do with TorchRL (the CUDA parity tests caught this).
     sync_free_nan_check: bool = False
 
-    @classmethod
-    def _sanitize_next_obs_nan(cls, data, in_keys):
-        if not cls.sync_free_nan_check:
-            return _trl.ValueEstimatorBase._sanitize_next_obs_nan(data, in_keys)
+    @staticmethod
+    def _sync_free_sanitize(data, in_keys):
+        """TorchRL's ``_sanitize_next_obs_nan`` without the ``isnan(...).any()`` check off the CPU; it stands for
+        TorchRL's on instances with ``sync_free_nan_check`` set (:meth:`_values`), and TorchRL's own runs on
+        the others without a frame of ours around it (under torch.compile each frame on the stack at the
+        graph break of TorchRL's check counts as one more break)."""
         copied = False
         for key in in_keys:
             root = data.get(key, default=None)
@@ -147,28 +150,41 @@ class _RLTritonEstimator(CachedScalars):
 
     def _values(self, tensordict, params, target_params, *, always_hold: bool = False):
         """Value and next value, from the value network (TorchRL's ``_call_value_nets``) or from
-        the tensordict (both required there); records ``"shifted_valid"`` like TorchRL."""
+        the tensordict (both required there); records ``"shifted_valid"`` like TorchRL. (GAE's and
+        V-trace's forwards spell this out, :meth:`_net_call` and the call: a frame fewer under torch.compile.)"""
         if self.value_network is not None:
-            if params is not None:
-                params = params.detach()
-                if target_params is None:
-                    target_params = params.clone(False)
-            held = always_hold or (params is None and target_params is None)
+            held, call = self._net_call(tensordict, params, target_params, always_hold)
             with hold_out_net(self.value_network) if held else nullcontext():
-                value, next_value, valid = self._call_value_nets(
-                    data=tensordict,
-                    params=params,
-                    next_params=target_params,
-                    single_call=self.shifted,
-                    value_key=self.tensor_keys.value,
-                    detach_next=True,
-                    vmap_randomness=self.vmap_randomness,
-                )
+                value, next_value, valid = self._call_value_nets(**call)
                 if valid is not None:
                     tensordict.set("shifted_valid", valid)
             return value, next_value
+        return self._stored_values(tensordict)
+
+    def _stored_values(self, tensordict):
         key = self.tensor_keys.value
         return self._entry(tensordict, key, "value"), self._entry(tensordict, ("next", key), "value")
+
+    def _net_call(self, tensordict, params, target_params, always_hold: bool) -> tuple[bool, dict]:
+        """(whether the value network is held out, the arguments of ``_call_value_nets``), as TorchRL forms them."""
+        if self.sync_free_nan_check != ("_sanitize_next_obs_nan" in self.__dict__):  # the flag changed
+            if self.sync_free_nan_check:
+                self.__dict__["_sanitize_next_obs_nan"] = self._sync_free_sanitize
+            else:
+                del self.__dict__["_sanitize_next_obs_nan"]
+        if params is not None:
+            params = params.detach()
+            if target_params is None:
+                target_params = params.clone(False)
+        held = always_hold or (params is None and target_params is None)
+        # TorchRL's vmap_randomness sets "different" on its first compiled read, a change of the module that would
+        # recompile the next call: the same value, without the write
+        vmap = self.vmap_randomness if self._vmap_randomness is not None or not is_compiling() else "different"
+        call = {
+            "data": tensordict, "params": params, "next_params": target_params, "single_call": self.shifted,
+            "value_key": self.tensor_keys.value, "detach_next": True, "vmap_randomness": vmap,
+        }  # fmt: skip
+        return held, call
 
     def _entry(self, tensordict, key, field: str, role: str | None = None, hint: str | None = None):
         """``tensordict[key]``, or an error naming the key and this estimator: ``field`` is the
@@ -238,7 +254,7 @@ class _RLTritonEstimator(CachedScalars):
                 if value is None:
                     if buf is not None:
                         value = discount_rows(_buffer_on(buf, like.device), like.shape, time_dim, like.dtype)
-                elif not 0.0 <= value <= 1.0:
+                elif type(value) is float and not 0.0 <= value <= 1.0:  # a tensor: traced, checked by the op
                     value = None
             if value is None:
                 return None
@@ -286,7 +302,13 @@ class _RLTritonEstimator(CachedScalars):
         tries :meth:`_fast_forward` (None: not the common case); every other call, and those,
         TorchRL's decorated forward (:meth:`_forward`). ``time_dim``: GAE's keyword argument of both
         (passed on when given; not a ``**extra`` dict, which would cost each call one)."""
-        if len(args) == 1 and not kwargs and self.value_network is None and type(args[0]) is TensorDict:
+        if (
+            len(args) == 1
+            and not kwargs
+            and self.value_network is None
+            and type(args[0]) is TensorDict
+            and not is_compiling()  # its caches and float scalars are for eager calls: compiled, the general path
+        ):
             out = self._fast_forward(args[0]) if time_dim is _ABSENT else self._fast_forward(args[0], time_dim)
             if out is not None:
                 return out
@@ -507,7 +529,7 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         width = math.gcd(numel, _TD0_ROW) if numel else 1
         rows = (numel // width, width)
         every_step = self._all_steps(torch.Size(rows), reward.device)
-        if type(gamma) is not float:  # a per-step gamma, expanded to the data's shape (_discounts)
+        if type(gamma) is not float and gamma.dim():  # a per-step gamma, expanded to the data's shape (_discounts)
             gamma = gamma.reshape(rows)
         if value is not None and value.dtype == reward.dtype == next_value.dtype and value.shape == reward.shape:
             # the tensors as they are (rows=, no view op), the advantage from the same launch
@@ -527,6 +549,8 @@ class TD0Estimator(_RLTritonEstimator, _trl.TD0Estimator):
         same shape: it is only ever read, and allocating it (a fill kernel) would cost each call a
         launch. Tensors made in inference mode are kept apart (they cannot be saved for backward), and
         so are CUDA streams (a call on another stream must not read it before its fill has run)."""
+        if is_compiling():  # a constant of the compiled graph: no cache to key
+            return torch.ones(shape, dtype=torch.bool, device=device)
         stream = torch._C._cuda_getCurrentRawStream(device.index or 0) if device.type == "cuda" else None
         key = (shape, device, torch.is_inference_mode_enabled(), stream)
         hit = self.__dict__.get("_rlt_all_steps")
@@ -771,7 +795,17 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         per-step discount, no ``shifted_valid``, ``auto_reset_env`` off) takes :meth:`_fast_forward`;
         everything else TorchRL's decorated forward (:meth:`_forward`). Both give the same outputs.
         """
-        return self._fast_or_general(args, kwargs, params, target_params, time_dim)
+        if not is_compiling():
+            return self._fast_or_general(args, kwargs, params, target_params, time_dim)
+        if type(self)._forward is not GAE._forward:
+            return self._forward(*args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
+        # compiled: _forward's outer decorator (TorchRL's _self_set_skip_existing) done here, a frame fewer on the
+        # stack at the graph break of TorchRL's NaN check (each frame there counts as one more break)
+        run = GAE._decorated
+        if self.skip_existing is not None:
+            with set_skip_existing(self.skip_existing):
+                return run(self, *args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
+        return run(self, *args, params=params, target_params=target_params, time_dim=time_dim, **kwargs)
 
     # What GAE's forward calls that its fast path skips: a subclass overriding any of these keeps
     # the general path
@@ -809,10 +843,7 @@ class GAE(_RLTritonEstimator, _trl.GAE):
             adv = self._normalize_advantage(adv, None, groups=self._group_ids(tensordict))
         return adv, value_target
 
-    @_self_set_skip_existing
-    @_self_set_grad_enabled
-    @dispatch
-    def _forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
+    def _gae_forward(self, tensordict, *, params=None, target_params=None, time_dim=None):
         """TorchRL's GAE forward, rl_triton-backed (every case :meth:`forward` does not take faster)."""
         if tensordict.batch_dims < 1:
             raise RuntimeError(
@@ -821,7 +852,14 @@ class GAE(_RLTritonEstimator, _trl.GAE):
             )
         steps_reward = tensordict.get(("next", self.tensor_keys.reward))
         steps = self._steps_to_next_obs(tensordict)
-        value, next_value = self._values(tensordict, params, target_params)
+        if self.value_network is None:
+            value, next_value = self._stored_values(tensordict)
+        else:  # _values, spelled out
+            held, call = self._net_call(tensordict, params, target_params, False)
+            with hold_out_net(self.value_network) if held else nullcontext():
+                value, next_value, valid = self._call_value_nets(**call)
+            if valid is not None:
+                tensordict.set("shifted_valid", valid)
         time_dim = self._get_time_dim(time_dim, tensordict)
         valid = tensordict.get("shifted_valid", default=None)
         data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
@@ -842,6 +880,9 @@ class GAE(_RLTritonEstimator, _trl.GAE):
         tensordict.set(self.tensor_keys.value_target, value_target)
         self._mask_shifted_output(tensordict, valid)
         return tensordict
+
+    _decorated = _self_set_grad_enabled(dispatch(_gae_forward))
+    _forward = _self_set_skip_existing(_decorated)
 
     def value_estimate(self, tensordict, params=None, target_params=None, time_dim=None, **kwargs):
         """The GAE value target ``A + V(s)`` (see :meth:`torchrl.objectives.value.GAE.value_estimate`)."""
@@ -1001,7 +1042,14 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
             )
         steps = self._steps_to_next_obs(tensordict)
         steps_reward = self._entry(tensordict, ("next", self.tensor_keys.reward), "reward")
-        value, next_value = self._values(tensordict, params, target_params, always_hold=True)
+        if self.value_network is None:
+            value, next_value = self._stored_values(tensordict)
+        else:  # _values, spelled out
+            held, call = self._net_call(tensordict, params, target_params, True)
+            with hold_out_net(self.value_network) if held else nullcontext():
+                value, next_value, valid = self._call_value_nets(**call)
+            if valid is not None:
+                tensordict.set("shifted_valid", valid)
 
         lp = _maybe_get_or_select(tensordict, self.tensor_keys.sample_log_prob)
         if lp is None:
@@ -1016,7 +1064,7 @@ class VTrace(_RLTritonEstimator, _trl.VTrace):
         data_for_value = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
         reward, done, terminated = self._signals(data_for_value)
 
-        rho, c = self._scalar("rho_thresh"), self._scalar("c_thresh")
+        rho, c = self._scalars("rho_thresh", "c_thresh")
         got = None
         if non_negative(rho, c) and same_shapes(value, next_value, reward, done, terminated, log_pi, log_mu):
             got = self._discounts(("gamma",), value, time_dim, steps, steps_reward)

@@ -51,3 +51,26 @@ def test_readme_python_blocks_run(tmp_path):
         "PPO",
     ):
         assert line in proc.stdout, proc.stdout
+
+
+def test_readme_registration_block_runs_the_registered_estimator(tmp_path):
+    """The block registering rl_triton's estimators with TorchRL shows the loss calling ours: the blocks up to it,
+    with every call of rl_triton.modules.GAE counted, call it at least once inside that block."""
+    pytest.importorskip("torchrl", reason="the README's TorchRL blocks need TorchRL (pip install rl-triton[torchrl])")
+    blocks = python_blocks()
+    at = next(i for i, b in enumerate(blocks) if "register_with_torchrl()" in b)
+    count = (
+        "import rl_triton.modules as _m\n_calls = []\n_forward = _m.GAE.forward\n"
+        "def _counted(self, *a, **k):\n    _calls.append(1)\n    return _forward(self, *a, **k)\n"
+        "_m.GAE.forward = _counted\n"
+    )
+    script = tmp_path / "readme.py"
+    script.write_text("\n\n".join([*blocks[:at], count, blocks[at], "assert _calls, 'the loss never ran GAE'"]))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["RL_WARNINGS"] = "False"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(README.parent), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "rl_triton.modules.advantages.GAE" in proc.stdout

@@ -26,3 +26,13 @@ def test_modules_subpackage_imports_torchrl():
     for name in ("GAE", "MultiAgentGAE", "Retrace", "Reward2GoTransform", "TD0Estimator", "TD1Estimator",
                  "TDLambdaEstimator", "VTrace", "TokenGAE", "GroupAdvantage", "register_with_torchrl"):  # fmt: skip
         assert f"'{name}'" in out
+
+
+def test_modules_namespace_holds_only_its_own_names():
+    """No module object of another package (tensordict, torchrl) among rl_triton.modules' attributes."""
+    out = _run(
+        "import types, rl_triton.modules as m\n"
+        "print(sorted(k for k, v in vars(m).items() if isinstance(v, types.ModuleType)"
+        " and not v.__name__.startswith('rl_triton.')))"
+    )
+    assert out == "[]", out

@@ -34,9 +34,9 @@ def actor_critic(device):
     return actor.to(device), critic.to(device)
 
 
-def batch(actor, device):
+def batch(actor, device, steps: int = 19):
     """A rollout whose actions and log-probs come from a perturbed copy of the actor."""
-    td = rollout((4, 19), device=device)
+    td = rollout((4, steps), device=device)
     behaviour = copy.deepcopy(actor)
     with torch.no_grad():
         for p in behaviour.parameters():
