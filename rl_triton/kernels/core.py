@@ -187,18 +187,22 @@ def _group_maps(b_a, b_b, CONTAIN: tl.constexpr):
 
 
 @triton.jit
+def _scan_groups(A0, B0, AXIS: tl.constexpr, CONTAIN: tl.constexpr):
+    """The inclusive and exclusive maps of the group aggregates (A0, B0) along AXIS, in processing order."""
+    ones, zeros = tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)
+    if CONTAIN:
+        iA, iB, nA, nB = tl.associative_scan((A0, B0, ones, zeros), AXIS, linear_combine_next)
+    else:
+        iA, iB, nA, nB = tl.associative_scan((A0, B0, ones, zeros), AXIS, plain_combine_next)
+    return iA, iB, nA, nB
+
+
+@triton.jit
 def _group_enter(A0, B0, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr):
     """From the group aggregates (A0, B0) [G, BN] and the carry tile [G, BN] (see
     :func:`carry_tile`): the state entering each group, the new carry tile and the chunk's product of
     a [BN]. One forward scan across the groups (numbered in processing order)."""
-    if CONTAIN:
-        iA, iB, nA, nB = tl.associative_scan(
-            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, linear_combine_next
-        )
-    else:
-        iA, iB, nA, nB = tl.associative_scan(
-            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 0, plain_combine_next
-        )
+    iA, iB, nA, nB = _scan_groups(A0, B0, 0, CONTAIN)
     b_enter = _on(nA, nB, b_carry, ZERO)
     # the chunk's aggregate, kept broadcast over the groups (one reduction, no [BN] -> tile broadcast)
     b_Ac = _edge(iA, 0, False, True)
@@ -229,14 +233,7 @@ def _env_group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constex
     a0, a1, a2, a3 = _split4(b_a)
     b0, b1, b2, b3 = _split4(b_b)
     A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3, CONTAIN)
-    if CONTAIN:
-        iA, iB, nA, nB = tl.associative_scan(
-            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, linear_combine_next
-        )
-    else:
-        iA, iB, nA, nB = tl.associative_scan(
-            (A0, B0, tl.full(A0.shape, 1.0, A0.dtype), tl.zeros(B0.shape, B0.dtype)), 1, plain_combine_next
-        )
+    iA, iB, nA, nB = _scan_groups(A0, B0, 1, CONTAIN)
     c = _on(nA, nB, b_carry[:, None], ZERO)
     b_Ac = _edge(iA, 1, False, False)
     b_Bc = _edge(iB, 1, False, False)
