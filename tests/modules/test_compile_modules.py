@@ -16,6 +16,7 @@ from torchrl.objectives import A2CLoss, ClipPPOLoss
 from torchrl.objectives import value as trl
 
 from rl_triton import modules as rtm
+from tests.conftest import PATHS
 from tests.modules._rollouts import assert_tensor_close, rollout
 from tests.modules.test_losses import actor_critic, batch
 from tests.modules.test_retrace_module import retrace_rollout
@@ -164,10 +165,18 @@ def _loss(loss_name, estimator, actor, critic):
     return loss
 
 
-CASES = [("ClipPPO", "GAE"), ("A2C", "GAE"), ("A2C", "VTrace")]
+CASES = {"ClipPPO-GAE": ("ClipPPO", "GAE"), "A2C-GAE": ("A2C", "GAE"), "IMPALA-A2C-VTrace": ("A2C", "VTrace")}
+# Each loss on every path but the interpreter, which runs inside the op as the PyTorch path does around it: one loss
+# there (each case compiles two losses, about 40 s on a CI core)
+LOSS_CASES = [
+    pytest.param(p, *case, id=f"{p}-{name}")
+    for p in PATHS
+    for name, case in CASES.items()
+    if p != "interpret" or name == "ClipPPO-GAE"
+]
 
 
-@pytest.mark.parametrize(("loss_name", "estimator"), CASES, ids=["ClipPPO-GAE", "A2C-GAE", "IMPALA-A2C-VTrace"])
+@pytest.mark.parametrize(("path", "loss_name", "estimator"), LOSS_CASES, indirect=["path"])
 def test_loss_graph_breaks_and_recompiles(path, loss_name, estimator):
     """A compiled loss with our estimator: no more graph breaks than with TorchRL's (first call), and no more
     recompiles than TorchRL's over calls with new data, a new gamma in the buffer and a new rollout length; the
@@ -219,7 +228,7 @@ def test_estimator_fullgraph_inductor_cuda(name):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("loss_name", "estimator"), CASES, ids=["ClipPPO-GAE", "A2C-GAE", "IMPALA-A2C-VTrace"])
+@pytest.mark.parametrize(("loss_name", "estimator"), list(CASES.values()), ids=list(CASES))
 def test_loss_graph_breaks_inductor_cuda(loss_name, estimator):
     actor, critic = actor_critic("cuda")
     td = batch(actor, "cuda")
