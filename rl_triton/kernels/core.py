@@ -17,10 +17,11 @@ finite (the kernels build them so), so only the offsets ``b`` and the states nee
 Inside a chunk whose offsets are all finite the combines' selects change nothing (``0 * x + b`` is ``b``
 for finite ``x``, but for the sign of a zero ``b``) and cost instructions on every element, so
 :func:`scan_rows` tests the offsets of each chunk (:func:`non_finite`, one reduction) and takes the plain
-combines (plain_combine) unless one is NaN or infinite. The carry entering a chunk can come from another
-episode of the row whatever the chunk holds, so it is always applied with the select, which costs one
-select per element. An overflow of the plain partial sums (coefficients above 1 over long stretches)
-is not contained, as the products of coefficients never were.
+combines (plain_combine) unless one is NaN or infinite (look-back blocks of the kernels that pass
+TEST_LOOKBACK=False always take the contained ones: the test measured slower there). The carry entering
+a chunk can come from another episode of the row whatever the chunk holds, so it is always applied with
+the select, which costs one select per element. An overflow of the plain partial sums (coefficients
+above 1 over long stretches) is not contained, as the products of coefficients never were.
 """
 
 from __future__ import annotations
@@ -736,7 +737,7 @@ def scan_rows(
     NKP: tl.constexpr, FORM: tl.constexpr, EXACT_T: tl.constexpr, TDIV: tl.constexpr, TM: tl.constexpr,
     WHOLE: tl.constexpr,  # the plan's constexprs (launch._build)
     REVERSE: tl.constexpr = True, NEXT: tl.constexpr = False, FULL: tl.constexpr = False,
-    p_seed=None, HAS_SEED: tl.constexpr = False, SEEDED: tl.constexpr = False,
+    p_seed=None, HAS_SEED: tl.constexpr = False, SEEDED: tl.constexpr = False, TEST_LOOKBACK: tl.constexpr = True,
 ):  # fmt: skip
     """The one driver loop of the fused kernels: this program's envs and time block, the carry, and per chunk
     (in processing order) its slots, the algorithm's prologue, the state entering the block (look-back), the
@@ -753,7 +754,10 @@ def scan_rows(
 
     REVERSE: backward recurrence. FULL: the env mask is a constant (:func:`env_block`). SEEDED (forward
     rows): the row starts from a seed state, p_seed's [N] where HAS_SEED, else 0, to which look-back blocks
-    apply the map of the blocks before them; other rows start from 0, which no phase applies."""
+    apply the map of the blocks before them; other rows start from 0, which no phase applies. TEST_LOOKBACK:
+    look-back blocks test their chunk and take the plain combines on finite offsets too (else they always take the
+    contained ones: docs/performance.md, "Containment and speed")."""
+    TESTED: tl.constexpr = PHASE < LOOKBACK or TEST_LOOKBACK
     T = row_length(T, TDIV, EXACT_T, BT, PHASE)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, FULL)
     ST = time_stride(N, TM)
@@ -773,7 +777,10 @@ def scan_rows(
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
         b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
-        bad = non_finite(b_b)  # selects in the combines only for a non-finite offset (the module docstring)
+        if TESTED:
+            bad = non_finite(b_b)  # selects in the combines only for a non-finite offset (the module docstring)
+        else:
+            bad = True
         if PHASE >= LOOKBACK:  # one chunk per block: the state entering it from the blocks before
             b_Ap, b_Bp = lookback_prefix(
                 b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, REVERSE, FORM, ACC, NKP,
