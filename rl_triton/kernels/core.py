@@ -16,12 +16,11 @@ finite (the kernels build them so), so only the offsets ``b`` and the states nee
 
 Inside a chunk whose offsets are all finite the combines' selects change nothing (``0 * x + b`` is ``b``
 for finite ``x``, but for the sign of a zero ``b``) and cost instructions on every element, so
-:func:`scan_rows` tests the offsets of each chunk (:func:`non_finite`, one reduction) and takes the plain
-combines (plain_combine) unless one is NaN or infinite (look-back blocks of the kernels that pass
-TEST_LOOKBACK=False always take the contained ones: the test measured slower there). The carry entering
-a chunk can come from another episode of the row whatever the chunk holds, so it is always applied with
-the select, which costs one select per element. An overflow of the plain partial sums (coefficients
-above 1 over long stretches) is not contained, as the products of coefficients never were.
+:func:`scan_rows` tests each chunk (:func:`chunk_non_finite`) and takes the plain combines (plain_combine)
+unless an offset is NaN or infinite. The carry entering a chunk can come from another episode of the row
+whatever the chunk holds, so it is always applied with the select, which costs one select per element. An
+overflow of the plain partial sums (coefficients above 1 over long stretches) is not contained, as the products
+of coefficients never were.
 """
 
 from __future__ import annotations
@@ -585,16 +584,14 @@ def lookback_envs(p_flag, i_n, i_k, N, NK, b_Al, b_Bl, E, S: tl.constexpr, EPOCH
 
 @triton.jit
 def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: tl.constexpr, REVERSE: tl.constexpr,
-                    FORM: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, EPOCHS: tl.constexpr, bad):  # fmt: skip
+                    FORM: tl.constexpr, ACC: tl.constexpr, S: tl.constexpr, EPOCHS: tl.constexpr,
+                    CONTAIN: tl.constexpr):  # fmt: skip
     """Look-back phases (one chunk per time block): the chunk's aggregate from a scan of the (a, b) already
-    in registers (contained where ``bad``: a non-finite offset), then :func:`lookback` (one env per program) or
+    in registers (contained with CONTAIN), then :func:`lookback` (one env per program) or
     :func:`lookback_envs` (blocks of time-major envs). Returns (A, B) of everything before the block, [1] or
     [BN]."""
     b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, FORM)
-    if bad:
-        _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, True)
-    else:
-        _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, False)
+    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, CONTAIN)
     if o_n.shape[0] == 1:
         b_A, b_B = lookback(
             p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Al, carry_row(b_Bl, FORM), E, ACC, S, EPOCHS
@@ -603,6 +600,43 @@ def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: 
         b_A, b_B = lookback_envs(p_flag, tl.min(o_n, 0) // o_n.shape[0], i_k, N, NK, b_Al, carry_row(b_Bl, FORM),
                                  E, S, EPOCHS)  # fmt: skip
     return b_A, b_B
+
+
+@triton.jit
+def chunk_non_finite(b_a, b_b, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr,
+                     AGGREGATE: tl.constexpr):  # fmt: skip
+    """Whether the chunk holds a non-finite offset: by a reduction of its offsets (:func:`non_finite`), or with
+    AGGREGATE (look-back blocks) from the final state of its plain scan from 0, which the look-back computes
+    anyway. That state is non-finite exactly when an offset is (a plain combine carries a NaN or an infinity on,
+    as 0 * inf is NaN), or when a partial sum overflows, which the contained scan then handles as before.
+    Which is faster depends on the kernel (docs/performance.md)."""
+    if AGGREGATE:
+        BN: tl.constexpr = b_b.shape[1] if FORM == GROUPS4 or FORM == GROUPS8 else b_b.shape[0]
+        b_zero = carry_tile(tl.zeros([BN], ACC), BT, FORM)
+        _x, b_Bl, _Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, False)
+        bad = non_finite(carry_row(b_Bl, FORM))
+    else:
+        bad = non_finite(b_b)
+    return bad
+
+
+@triton.jit
+def block_states(b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT: tl.constexpr,
+                 REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr, NKP: tl.constexpr, PHASE: tl.constexpr,
+                 ZERO: tl.constexpr, NEXT: tl.constexpr, SEEDED: tl.constexpr, CONTAIN: tl.constexpr):  # fmt: skip
+    """:func:`scan_states` of a chunk, after the look-back in look-back phases (the state entering the block
+    from the blocks before it). The look-back's scan of the chunk from 0 and this one take the same combines
+    (CONTAIN) in the same branch of scan_rows, so the compiler computes the scan once; with the test and the
+    look-back in separate branches it computed it twice."""
+    if PHASE >= LOOKBACK:  # one chunk per block
+        b_Ap, b_Bp = lookback_prefix(
+            b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, REVERSE, FORM, ACC, NKP,
+            PHASE == LOOKBACK_EPOCHS, CONTAIN,
+        )  # fmt: skip
+        if SEEDED:
+            b_Bp = state_on(b_Ap, b_Bp, b_seed)
+        b_carry = carry_tile(b_Bp, BT, FORM)
+    return scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, CONTAIN)
 
 
 @triton.jit
@@ -737,7 +771,7 @@ def scan_rows(
     NKP: tl.constexpr, FORM: tl.constexpr, EXACT_T: tl.constexpr, TDIV: tl.constexpr, TM: tl.constexpr,
     WHOLE: tl.constexpr,  # the plan's constexprs (launch._build)
     REVERSE: tl.constexpr = True, NEXT: tl.constexpr = False, FULL: tl.constexpr = False,
-    p_seed=None, HAS_SEED: tl.constexpr = False, SEEDED: tl.constexpr = False, TEST_LOOKBACK: tl.constexpr = True,
+    p_seed=None, HAS_SEED: tl.constexpr = False, SEEDED: tl.constexpr = False, AGGREGATE_TEST: tl.constexpr = False,
 ):  # fmt: skip
     """The one driver loop of the fused kernels: this program's envs and time block, the carry, and per chunk
     (in processing order) its slots, the algorithm's prologue, the state entering the block (look-back), the
@@ -754,10 +788,8 @@ def scan_rows(
 
     REVERSE: backward recurrence. FULL: the env mask is a constant (:func:`env_block`). SEEDED (forward
     rows): the row starts from a seed state, p_seed's [N] where HAS_SEED, else 0, to which look-back blocks
-    apply the map of the blocks before them; other rows start from 0, which no phase applies. TEST_LOOKBACK:
-    look-back blocks test their chunk and take the plain combines on finite offsets too (else they always take the
-    contained ones: docs/performance.md, "Containment and speed")."""
-    TESTED: tl.constexpr = PHASE < LOOKBACK or TEST_LOOKBACK
+    apply the map of the blocks before them; other rows start from 0, which no phase applies. AGGREGATE_TEST:
+    look-back blocks test their chunk by its aggregate rather than its offsets (:func:`chunk_non_finite`)."""
     T = row_length(T, TDIV, EXACT_T, BT, PHASE)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, FULL)
     ST = time_stride(N, TM)
@@ -765,8 +797,8 @@ def scan_rows(
     c_lo, c_hi, c_off, b_Apre, b_carry, b_Ablk = block_begin(
         p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT, PHASE, ACC, BN, NKP, ONE
     )
+    b_seed = tl.zeros([BN], dtype=ACC)
     if SEEDED:
-        b_seed = tl.zeros([BN], dtype=ACC)
         if HAS_SEED:
             b_seed = tl.load(p_seed + o_n, mask=m_n, other=0).to(ACC)
             if PHASE == SINGLE or PHASE == RESCAN:  # the state entering the block: the prefix map on the seed
@@ -777,22 +809,17 @@ def scan_rows(
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
         b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
-        if TESTED:
-            bad = non_finite(b_b)  # selects in the combines only for a non-finite offset (the module docstring)
-        else:
-            bad = True
-        if PHASE >= LOOKBACK:  # one chunk per block: the state entering it from the blocks before
-            b_Ap, b_Bp = lookback_prefix(
-                b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, BT, REVERSE, FORM, ACC, NKP,
-                PHASE == LOOKBACK_EPOCHS, bad,
+        # selects in the combines only for a chunk with a non-finite offset (the module docstring)
+        if chunk_non_finite(b_a, b_b, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST):
+            b_x, b_xn, b_carry, b_Ac = block_states(
+                b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
+                NKP, PHASE, ZERO, NEXT, SEEDED, True,
             )  # fmt: skip
-            if SEEDED:
-                b_Bp = state_on(b_Ap, b_Bp, b_seed)
-            b_carry = carry_tile(b_Bp, BT, FORM)
-        if bad:
-            b_x, b_xn, b_carry, b_Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, True)
         else:
-            b_x, b_xn, b_carry, b_Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, False)
+            b_x, b_xn, b_carry, b_Ac = block_states(
+                b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
+                NKP, PHASE, ZERO, NEXT, SEEDED, False,
+            )  # fmt: skip
         b_Ablk *= b_Ac
         if PHASE != AGGREGATES:
             EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)

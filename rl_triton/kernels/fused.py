@@ -176,7 +176,6 @@ def gae_kernel(
         p_agg_a, p_agg_b, p_flag, NK, CPB, gae_scalars, gae_prologue, gae_epilogue,
         (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, TARGET, G_TENSOR, L_TENSOR),
         PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE,
-        TEST_LOOKBACK=False,
     )  # fmt: skip
 
 
@@ -263,7 +262,7 @@ def vtrace_kernel(
         (gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB,
         core.hp_scalars, vtrace_prologue, vtrace_epilogue, (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, G_TENSOR),
         PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE,
-        REVERSE=True, NEXT=True, FULL=WHOLE, TEST_LOOKBACK=False,  # not EXACT_T: core.env_block
+        REVERSE=True, NEXT=True, FULL=WHOLE,  # not EXACT_T: core.env_block
     )  # fmt: skip
 
 
@@ -457,7 +456,7 @@ def retrace_kernel(
         core.hp_scalars, retrace_prologue, retrace_epilogue,
         (A, AP, PIECES, HAS_TRUNC, SHIFT, PI_TILE, G_TENSOR, L_TENSOR), PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T,
         TDIV, TM, WHOLE,
-        REVERSE=True, NEXT=True, FULL=WHOLE, TEST_LOOKBACK=False,  # not EXACT_T: core.env_block
+        REVERSE=True, NEXT=True, FULL=WHOLE, AGGREGATE_TEST=True,  # not EXACT_T: core.env_block
     )  # fmt: skip
 
 
