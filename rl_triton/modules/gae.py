@@ -148,7 +148,7 @@ class GAE(RLTritonEstimator, _trl.GAE):
         steps = self._steps_to_next_obs(tensordict)
         if self.value_network is None:
             value, next_value = self._stored_values(tensordict)
-        else:  # _values, spelled out
+        else:  # _values inline: under torch.compile a frame fewer at the graph break of TorchRL's NaN check
             held, call = self._net_call(tensordict, params, target_params, False)
             with hold_out_net(self.value_network) if held else nullcontext():
                 value, next_value, valid = self._call_value_nets(**call)

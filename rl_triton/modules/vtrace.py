@@ -118,7 +118,7 @@ class VTrace(RLTritonEstimator, _trl.VTrace):
         steps_reward = self._entry(tensordict, ("next", self.tensor_keys.reward), "reward")
         if self.value_network is None:
             value, next_value = self._stored_values(tensordict)
-        else:  # _values, spelled out
+        else:  # _values inline: under torch.compile a frame fewer at the graph break of TorchRL's NaN check
             held, call = self._net_call(tensordict, params, target_params, True)
             with hold_out_net(self.value_network) if held else nullcontext():
                 value, next_value, valid = self._call_value_nets(**call)
