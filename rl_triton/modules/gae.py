@@ -1,8 +1,7 @@
 """GAE and multi-agent GAE value estimators whose recursion runs in rl_triton.
 
-Both subclass TorchRL 0.14's class of the same name and keep everything but the numeric core (see
-:mod:`rl_triton.modules.td` for what comes from TorchRL, the ``(N, T)`` view of the data, per-step
-discounts and the fallbacks to TorchRL's functional, which apply here alike).
+What they keep from TorchRL, the ``(N, T)`` view of the data, per-step discounts and the fallbacks to
+TorchRL's functional: :mod:`rl_triton.modules._base`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """TD(0), TD(1) and TD(lambda) value estimators whose recursion runs in rl_triton.
 
-Each class subclasses TorchRL 0.14's estimator of the same name and keeps everything but the
-numeric core: constructor, defaults, ``_AcceptedKeys``/``set_keys``, ``in_keys``/``out_keys``, the
-value-network calls (``params``/``target_params``, ``shifted``, chunking, vmap), ``skip_existing``,
-``differentiable``, reward standardisation, ``group_key`` and the keyword call form all come from
-TorchRL. The recursion over time is :mod:`rl_triton.functional` on an ``(N, T)`` view of the data:
-the time dim is moved last (only when it is not already) and every other dim flattened into N, which
-is a view for the usual ``[*B, T]`` and ``[*B, T, 1]`` layouts.
-
-Per-step discounts: a ``gamma``/``lmbda`` buffer with more than one element that broadcasts against the
-per-step entries (``[*B, T, 1]`` per step, ``[*B, 1, 1]`` per env, ...), and ``gamma ** steps_to_next_obs``
-(TorchRL's discount with a ``steps_to_next_obs`` entry), go to rl_triton as per-step ``(N, T)`` tensors:
-entry ``[..., t, ...]`` is the discount of step t, as TorchRL reads a tensor discount.
-
-Fallbacks: whenever a call holds something rl_triton cannot express, that call runs TorchRL's own
-functional instead (same result, TorchRL's speed): a ``gamma``/``lmbda`` that requires grad (TorchRL
-differentiates it, rl_triton does not), one that does not broadcast against the entries, one outside
-[0, 1] (tensors: checked on the CPU only), or per-step tensors whose shapes differ (TorchRL then raises
-its own error).
+What they keep from TorchRL, the ``(N, T)`` view of the data, per-step discounts and the fallbacks to
+TorchRL's functional: :mod:`rl_triton.modules._base`.
 """
 
 from __future__ import annotations

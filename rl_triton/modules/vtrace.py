@@ -1,7 +1,7 @@
 """The V-trace (IMPALA) value estimator whose recursion runs in rl_triton.
 
-It subclasses TorchRL 0.14's ``VTrace`` and keeps everything but the numeric core and the target policy's
-log-probability (see the class), as :mod:`rl_triton.modules.td` describes for the other estimators.
+What it keeps from TorchRL: :mod:`rl_triton.modules._base`; it also scores the stored action under the target
+policy, where TorchRL scores a freshly drawn one (see the class).
 """
 
 from __future__ import annotations
