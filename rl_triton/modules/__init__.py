@@ -26,10 +26,12 @@ except ImportError as err:  # pragma: no cover - exercised only without the opti
 
 from ._common import MissingEntryError
 from ._registry import register_with_torchrl, torchrl_registered, unregister_from_torchrl
-from .advantages import GAE, MultiAgentGAE, TD0Estimator, TD1Estimator, TDLambdaEstimator, VTrace
+from .gae import GAE, MultiAgentGAE
 from .llm import GroupAdvantage, TokenGAE
 from .retrace import Retrace
+from .td import TD0Estimator, TD1Estimator, TDLambdaEstimator
 from .transforms import Reward2GoTransform
+from .vtrace import VTrace
 
 del _tensordict, _torchrl  # imported only to fail early: not names of this package
 

@@ -1,4 +1,4 @@
-"""Shared machinery of the TorchRL-facing modules.
+"""Layout helpers, class decorators and the missing-entry error of the TorchRL-facing modules.
 
 * :func:`to_rows` / :func:`from_rows` bring a ``[..., T, ...]`` tensor to the ``(N, T)`` layout of
   :mod:`rl_triton.functional` (time last, every other dim flattened into N) and back. Moving the time
@@ -6,9 +6,8 @@
   it (always for time-last tensors and for a trailing singleton feature dim such as ``[*B, T, 1]``).
   A negative ``dim`` counts from the end of each tensor, as TorchRL's functionals count it (an
   estimator called on a tensordict with ``batch_size []`` gets time dim -1).
-* :class:`CachedScalars` keeps Python-float copies of 0-d tensor buffers (``gamma``, ``lmbda``,
-  ...), so that a forward pass on CUDA passes plain floats to the kernels instead of calling
-  ``.item()`` (a host sync) every time. Under torch.compile ``gamma`` and ``lmbda`` go as the buffers.
+* :func:`expose_inherited_keys` / :func:`copy_signature`: class and ``__init__`` decorators that keep
+  TorchRL's ``set_keys`` and signatures working on the subclasses.
 * :class:`MissingEntryError` / :func:`missing_entry`: the error for an absent tensordict entry.
 """
 
@@ -96,7 +95,7 @@ def as_float(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def in_unit(*values: float | None) -> bool:
     """All values are known and in [0, 1] (the range rl_triton accepts for gamma and lambda). A plain
-    loop: the estimators' fast paths call this on every step (a generator costs ~3x as much)."""
+    loop, not a generator: the estimators' fast paths call this on every step."""
     for v in values:
         if v is None:
             return False
@@ -139,136 +138,7 @@ def non_negative(*values: float | None) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# scalar buffers without host syncs
-
-
-def _version(t: torch.Tensor):
-    try:
-        return t._version
-    except RuntimeError:  # inference tensors do not track versions
-        return None
-
-
-def _read(t: torch.Tensor) -> float | None:
-    """The value of a one-element real tensor that needs no gradient, else None (reads it: a sync
-    on an accelerator)."""
-    if t.numel() != 1 or t.requires_grad or t.is_complex() or t.dtype == torch.bool:
-        return None
-    return float(t.item())
-
-
-def _exact(value, dtype: torch.dtype) -> float | None:
-    """The float a Python number becomes once stored in a CPU tensor of ``dtype`` (no sync)."""
-    try:
-        return float(torch.tensor(value, dtype=dtype).item())
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
-class CachedScalars:
-    """Mixin for ``nn.Module`` subclasses that keep hyper-parameters in 0-d tensor buffers.
-
-    :meth:`_scalar` returns the buffer's value as a Python float. It is read once and cached with
-    the buffer object and its version counter, so it is read again only when the buffer is
-    replaced or modified in place (e.g. ``load_state_dict``). Values are primed from the
-    constructor arguments (:meth:`_prime_scalars`) and carried across ``module.to(...)``
-    (:meth:`_apply`), so a module that lives on CUDA never needs ``.item()`` on a CUDA tensor
-    unless its buffers are changed behind its back. ``None`` means the buffer is not a scalar (or
-    needs a gradient): callers then fall back to TorchRL's own code.
-    """
-
-    _SCALAR_BUFFERS: tuple[str, ...] = ()
-
-    def _scalar_cache(self) -> dict:
-        cache = self.__dict__.get("_rlt_scalar_cache")
-        if cache is None:
-            cache = self.__dict__["_rlt_scalar_cache"] = {}
-        return cache
-
-    def _scalar(self, name: str) -> float | torch.Tensor | None:
-        if is_compiling():
-            return self._traced_scalar(name)
-        buf = self._buffers.get(name)
-        if buf is None:
-            return None
-        cache = self.__dict__.get("_rlt_scalar_cache")
-        hit = None if cache is None else cache.get(name)
-        try:  # _version, inline (the estimators' fast paths read their scalars on every call)
-            version = buf._version
-        except RuntimeError:
-            version = None
-        if hit is not None and hit[0] is buf and hit[1] == version:
-            return hit[2]
-        value = _read(buf)
-        self._scalar_cache()[name] = (buf, version, value)
-        return value
-
-    def _scalars(self, *names: str) -> tuple:
-        """:meth:`_scalar` of each of ``names``, from one call (compiled after a graph break, one frame rather
-        than one per name: each name would recompile it)."""
-        return tuple([self._scalar(name) for name in names])
-
-    def _traced_scalar(self, name: str) -> float | torch.Tensor | None:
-        """:meth:`_scalar` while torch.compile traces: ``gamma`` and ``lmbda``, which rl_triton's functions take
-        as 0-d tensors, are the buffer itself (read by the compiled op at run time: reading it here would break
-        the graph, and a new value in the buffer would recompile); other scalars (clipping thresholds) are the
-        cached float, a constant of the graph."""
-        buf = self._buffers.get(name)
-        if buf is None or buf.numel() != 1 or buf.requires_grad:
-            return None
-        if name in ("gamma", "lmbda"):
-            return buf.reshape(())
-        cache = self.__dict__.get("_rlt_scalar_cache")
-        hit = None if cache is None else cache.get(name)
-        return None if hit is None or hit[0] is not buf else hit[2]
-
-    def _known_scalar(self, name: str) -> float | None:
-        """Like :meth:`_scalar` but never syncs: None unless cached or the buffer is on the CPU."""
-        buf = self._buffers.get(name)
-        if buf is None:
-            return None
-        hit = self._scalar_cache().get(name)
-        if hit is not None and hit[0] is buf and hit[1] == _version(buf):
-            return hit[2]
-        if buf.device.type == "cpu":
-            return self._scalar(name)
-        return None
-
-    def _prime_scalars(self, **arguments) -> None:
-        """Caches the buffers' values from the constructor arguments they were made from."""
-        cache = self._scalar_cache()
-        for name, arg in arguments.items():
-            buf = self._buffers.get(name)
-            if buf is None or buf.numel() != 1 or buf.requires_grad:
-                continue
-            if isinstance(arg, torch.Tensor) or buf.device.type == "cpu":
-                value = _read(buf) if buf.device.type == "cpu" else _read(arg.detach().reshape(()).to(buf.dtype))
-            else:
-                value = _exact(arg, buf.dtype)
-            if value is not None:
-                cache[name] = (buf, _version(buf), value)
-
-    def _apply(self, fn, recurse=True):
-        known = {}
-        for name in self._SCALAR_BUFFERS:
-            buf = self._buffers.get(name)
-            if buf is not None:
-                value = self._known_scalar(name)
-                if value is not None:
-                    known[name] = (buf.dtype, value)
-        out = super()._apply(fn, recurse)
-        cache = self._scalar_cache()
-        for name, (dtype, value) in known.items():
-            buf = self._buffers.get(name)
-            if buf is None:
-                continue
-            if buf.dtype != dtype:
-                try:
-                    value = float(torch.tensor(value, dtype=dtype).to(buf.dtype).item())
-                except (TypeError, RuntimeError):
-                    continue
-            cache[name] = (buf, _version(buf), value)
-        return out
+# decorators
 
 
 def expose_inherited_keys(keys_cls):

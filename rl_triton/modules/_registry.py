@@ -10,6 +10,10 @@ registry entries is enough for them; no loss module attribute is patched.
 Not covered (they reference ``torchrl.objectives.value.GAE`` directly): the trainer helpers in
 ``torchrl.trainers.algorithms`` (``on_policy`` and the hydra config ``_make_gae``); pass an
 estimator instance (``gae=rl_triton.modules.GAE(...)``) there instead.
+
+Each estimator class names the entry it stands for with the :func:`torchrl_estimator` class decorator, as
+TorchRL's own classes do with ``register_value_estimator``; unlike TorchRL's, it only records the class, and
+TorchRL's registry changes when :func:`register_with_torchrl` is called.
 """
 
 from __future__ import annotations
@@ -17,22 +21,28 @@ from __future__ import annotations
 from torchrl.objectives import utils as _trl_utils
 from torchrl.objectives.utils import ValueEstimators
 
-from .advantages import GAE, MultiAgentGAE, TD0Estimator, TD1Estimator, TDLambdaEstimator, VTrace
-
 __all__ = ["register_with_torchrl", "torchrl_registered", "unregister_from_torchrl"]
+
+# value type -> our class, recorded by @torchrl_estimator
+_ESTIMATORS: dict = {}
+
+
+def torchrl_estimator(name: str):
+    """Class decorator: the class stands for TorchRL's ``ValueEstimators.<name>`` once :func:`register_with_torchrl`
+    is called. Recorded only when the installed TorchRL has that entry."""
+
+    def record(cls):
+        value_type = getattr(ValueEstimators, name, None)
+        if value_type is not None:
+            _ESTIMATORS[value_type] = cls
+        return cls
+
+    return record
 
 
 def _ours() -> dict:
-    mapping = {
-        ValueEstimators.TD0: TD0Estimator,
-        ValueEstimators.TD1: TD1Estimator,
-        ValueEstimators.TDLambda: TDLambdaEstimator,
-        ValueEstimators.GAE: GAE,
-        ValueEstimators.VTrace: VTrace,
-    }
-    if hasattr(ValueEstimators, "MAGAE"):
-        mapping[ValueEstimators.MAGAE] = MultiAgentGAE
-    return mapping
+    """Our classes by value type, in TorchRL's order of ``ValueEstimators``."""
+    return {value_type: _ESTIMATORS[value_type] for value_type in ValueEstimators if value_type in _ESTIMATORS}
 
 
 # value type -> TorchRL's registry entry that we replaced (restored on unregister)

@@ -10,14 +10,10 @@ from tensordict import TensorDictBase, is_tensor_collection
 from tensordict.nn import TensorDictModule, dispatch
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.objectives.utils import hold_out_net
-from torchrl.objectives.value.advantages import (
-    ValueEstimatorBase,
-    _self_set_grad_enabled,
-    _self_set_skip_existing,
-    _standardize_by_group,
-)
+from torchrl.objectives.value.advantages import ValueEstimatorBase, _self_set_grad_enabled, _self_set_skip_existing
 
 from .. import functional as F
+from ._base import RLTritonEstimator, no_batch_dims
 from ._common import (
     axis,
     common_float_dtype,
@@ -29,14 +25,13 @@ from ._common import (
     to_rows,
     to_rows_actions,
 )
-from .advantages import _RLTritonEstimator
 
 __all__ = ["Retrace"]
 
 _LOG_PROB_DEFAULTS = ("sample_log_prob", "action_log_prob")
 
 
-class Retrace(_RLTritonEstimator, ValueEstimatorBase):
+class Retrace(RLTritonEstimator, ValueEstimatorBase):
     r"""Retrace(lambda) Q-value targets and advantages for discrete actions (Munos et al., 2016).
 
     A new estimator (TorchRL 0.14 has no Retrace); a :class:`~torchrl.objectives.value.ValueEstimatorBase`
@@ -300,16 +295,12 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
 
     # ---------------------------------------------------------------------------- compute
 
-    def _time_dim(self, time_dim, tensordict) -> int:
-        """The time dim of ``tensordict`` (TorchRL's rule), which must have one."""
+    def _retrace(self, tensordict: TensorDictBase, params, target_params, time_dim) -> tuple:
+        """(value_target, advantage) in the reward's shape, time at ``time_dim`` (TorchRL's rule)."""
         if tensordict.batch_dims < 1:
-            raise RuntimeError(
-                "Expected input tensordict to have at least one dimension, got tensordict.batch_size = "
-                f"{tensordict.batch_size}"
-            )
-        return axis(self._get_time_dim(time_dim, tensordict), tensordict.batch_dims)
-
-    def _retrace(self, tensordict: TensorDictBase, q_all, next_q_all, time_dim: int):
+            raise no_batch_dims(tensordict)
+        time_dim = axis(self._get_time_dim(time_dim, tensordict), tensordict.batch_dims)
+        q_all, next_q_all = self._action_values(tensordict, params, target_params)
         if tensordict.get(self.tensor_keys.steps_to_next_obs, None) is not None:
             raise NotImplementedError("Retrace does not support a per-step discount (steps_to_next_obs)")
         gamma, lmbda, c_bar, rho_bar = self._check_scalars()
@@ -424,15 +415,9 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
                 action values use ``target_params``).
             time_dim: overrides the estimator's ``time_dim`` for this call.
         """
-        time_dim = self._time_dim(time_dim, tensordict)
-        q_all, next_q_all = self._action_values(tensordict, params, target_params)
-        value_target, adv = self._retrace(tensordict, q_all, next_q_all, time_dim)
+        value_target, adv = self._retrace(tensordict, params, target_params, time_dim)
         if self.average_adv:
-            groups = self._group_ids(tensordict)
-            if groups is None:
-                adv = (adv - adv.mean()) / adv.std().clamp_min(1e-5)
-            else:
-                adv = _standardize_by_group(adv, groups, eps=1e-5)
+            adv = self._standardized(adv, tensordict, 1e-5)
         tensordict.set(self.tensor_keys.advantage, adv)
         tensordict.set(self.tensor_keys.value_target, value_target)
         return tensordict
@@ -446,7 +431,4 @@ class Retrace(_RLTritonEstimator, ValueEstimatorBase):
         **kwargs,
     ) -> torch.Tensor:
         """The Retrace Q targets (``value_target``) alone, shaped like the reward."""
-        time_dim = self._time_dim(time_dim, tensordict)
-        q_all, next_q_all = self._action_values(tensordict, params, target_params)
-        value_target, _ = self._retrace(tensordict, q_all, next_q_all, time_dim)
-        return value_target
+        return self._retrace(tensordict, params, target_params, time_dim)[0]
