@@ -71,14 +71,10 @@ def _backend_when_compiled() -> str:
 
 def _traced_use_kernels(device_type: str) -> bool:
     """:func:`use_kernels` in code that torch.compile traces (the functions of :mod:`rl_triton.llm`; the others
-    are opaque ops), with the backend in force when it was compiled. CPU tensors take the PyTorch path even
-    under ``TRITON_INTERPRET=1``: Dynamo cannot trace Triton's interpreter."""
-    choice = _backend_when_compiled()
-    if choice == "torch":
-        return False
-    if device_type == "cuda":
-        return True
-    if choice == "triton":
+    are opaque ops): always the PyTorch path, which Inductor compiles (the token-level launchers keep host-side
+    state, flag buffers and a capture check, that Dynamo cannot trace). Backend "triton" on CPU tensors raises:
+    Triton's interpreter cannot be traced either, and that backend asks for the kernels."""
+    if device_type != "cuda" and _backend_when_compiled() == "triton":
         raise RuntimeError(
             "rl_triton: backend 'triton' cannot run CPU tensors under torch.compile (Triton's interpreter cannot "
             "be traced); use backend 'auto' or 'torch' there, which run the PyTorch path"

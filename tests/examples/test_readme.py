@@ -73,4 +73,4 @@ def test_readme_registration_block_runs_the_registered_estimator(tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "rl_triton.modules.advantages.GAE" in proc.stdout
+    assert "rl_triton.modules.gae.GAE" in proc.stdout

@@ -1,6 +1,6 @@
-"""rl_triton.llm's functions under torch.compile(fullgraph=True) on the PyTorch path: the numbers of eager calls.
-With backend "triton" on CPU tensors (Triton's interpreter, which Dynamo cannot trace) compiling fails with a
-message that says so."""
+"""rl_triton.llm's functions under torch.compile(fullgraph=True), which runs their PyTorch form on every device:
+the numbers of eager calls (on CUDA tensors, of the eager kernels). With backend "triton" on CPU tensors (Triton's
+interpreter, which Dynamo cannot trace) compiling fails with a message that says so."""
 
 from __future__ import annotations
 
@@ -36,6 +36,18 @@ def test_fullgraph_matches_eager(name):
     got = torch.compile(fn, fullgraph=True, backend="eager")(r, v, m)
     for g, w in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want)), strict=True):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", list(_calls()))
+def test_fullgraph_on_cuda_matches_the_eager_kernels(name):
+    fn = _calls()[name]
+    r, v, m = token_batch(7, 13, "cuda")
+    want = fn(r, v, m)
+    torch._dynamo.reset()
+    got = torch.compile(fn, fullgraph=True)(r, v, m)
+    for g, w in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want)), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_triton_backend_on_cpu_under_compile_says_why():
