@@ -22,6 +22,7 @@ TOL = {
     torch.bfloat16: (2e-2, 2e-2),
 }
 MASKS = [torch.bool, torch.int64, torch.float32]
+SPLITS = [Split.TWO_PASS, Split.LOOKBACK]  # the token scans' splits (a row of one block is never split)
 # (B, T, dtype, gamma/lam kind): a one-token row, odd lengths, several rows a program; every dtype and every
 # kind of hyper-parameter once (interpreted kernels are slow, so not their full product).
 CASES = [
@@ -92,7 +93,7 @@ def test_gae_split_rows(path, b, t, dtype, hyper):
     _gae_case(path, b, t, dtype, hyper, SMALL_BLOCKS)
 
 
-@pytest.mark.parametrize("form", list(Form), ids=lambda f: f.value)
+@pytest.mark.parametrize("form", [Form.ENV_GROUPS], ids=lambda f: f.name.lower())
 def test_tile_forms(kernel_path, form):
     plan = TokenPlan(block=64, form=form)
     _gae_case(kernel_path, 2, 150, torch.float32, "per-seq", plan)
@@ -203,7 +204,7 @@ def test_long_row_kernel():
     assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("split", list(Split), ids=lambda s: s.value)
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: s.value)
 def test_split_forms(kernel_path, split):
     """Rows split in time, one launch (look-back) or two: repeated calls (each look-back with its own flag epoch),
     both passes giving the same bits."""
@@ -224,7 +225,7 @@ def test_many_partials():
     them; the ticket counter is back to 0 after every launch."""
     from rl_triton.llm import _kernels
 
-    for split in Split:
+    for split in SPLITS:
         plan = TokenPlan(block=16, split=split)
         _gae_case(SimpleNamespace(device="cuda"), 1, 16 * 1030 + 5, torch.float32, "float", plan)
     x = torch.randn(5_000_000, device="cuda")
@@ -246,12 +247,13 @@ def test_default_plan():
     """The chosen plan is today's launch: blocks of 4096 tokens, the grouped form, the look-back split; GAE on 2- and
     4-byte floats in 4 warps, the rest 8 tokens a thread."""
     for shape, dtype in (((64, 32768), torch.float32), ((3, 5), torch.float64), ((4096, 512), torch.bfloat16)):
-        rule = TokenPlan(4096, Form.GROUPED, Split.LOOKBACK, None)
+        rule = TokenPlan(4096, Form.ENV_GROUPS, Split.LOOKBACK, None)
         assert plans.choose(*shape, dtype, "reinforce_pp") == rule
         assert plans.choose(*shape, dtype) == (rule if dtype == torch.float64 else TokenPlan(warps=4))
     with pytest.raises(ValueError, match="estimator"):
         plans.choose(3, 5, torch.float32, "grpo")
     assert TokenPlan(form="grouped", split="two_pass") == TokenPlan(split=Split.TWO_PASS)
+    assert TokenPlan(form="env_groups") == TokenPlan() and TokenPlan().form is Form.ENV_GROUPS
 
 
 @pytest.mark.parametrize(
@@ -264,7 +266,9 @@ def test_default_plan():
         (dict(block=16384), r"\[16, 8192\]"),
         (dict(form="zigzag"), "form must be a Form"),
         (dict(form="reverse"), "form must be a Form"),
+        (dict(form=Form.PLAIN), "form must be a Form"),
         (dict(split="ticket"), "split must be a Split"),
+        (dict(split=Split.SINGLE), "split must be a Split"),
         (dict(warps=3), "warps"),
         (dict(warps=64), "warps"),
         (dict(warps=True), "warps"),
