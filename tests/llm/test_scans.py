@@ -236,6 +236,29 @@ def test_many_partials():
     assert _kernels._ticket(x.device).item() == 0  # the counter of x's device and stream, used by every call above
 
 
+def test_gae_fold():
+    """The interpreter's NumPy fold of the GAE pair combine (kernels/_interpret.py): each prefix is the maps composed
+    in order, the earlier applied first; under TRITON_INTERPRET=1 it is the fold registered for the kernels' combine."""
+    from rl_triton import INTERPRET
+    from rl_triton.kernels import _interpret
+
+    rng = np.random.default_rng(0)
+    maps = [rng.uniform(-1, 1, (3, 9)) for _ in range(5)]  # p, q, r, b1, b2 of 9 maps, 3 rows
+    folded = _interpret.fold_gae_pair(*(m.copy() for m in maps))
+    L0, nv0 = rng.uniform(-1, 1, 3), rng.uniform(-1, 1, 3)
+    L, nv = L0, nv0
+    for i in range(9):
+        p, q, r, b1, b2 = (m[:, i] for m in maps)
+        L, nv = p * L + q * nv + b1, r * nv + b2
+        fp, fq, fr, fb1, fb2 = (f[:, i] for f in folded)
+        np.testing.assert_allclose(fp * L0 + fq * nv0 + fb1, L, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(fr * nv0 + fb2, nv, rtol=1e-12, atol=1e-12)
+    if INTERPRET:
+        from rl_triton.llm import _kernels
+
+        assert _interpret._FOLDS[_kernels._gae_combine.fn] is _interpret.fold_gae_pair
+
+
 def test_deterministic(kernel_path):
     r, v, m = token_batch(2, 130, kernel_path.device)
     a1, r1 = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8, plan=SMALL_BLOCKS)
