@@ -84,7 +84,8 @@ def _gae4(e):
 
 @triton.jit
 def _lin4(a, b):
-    # _gae4 for REINFORCE++'s scalar maps
+    # _gae4 for REINFORCE++'s scalar maps. Not core._suffix4 (the same maps): its products in the other operand
+    # order raised the register use of some of these launches.
     a0, a1, a2, a3 = _split4(a)
     b0, b1, b2, b3 = _split4(b)
     c2 = linear_combine(a3, b3, a2, b2)
