@@ -28,14 +28,14 @@ __all__ = ["combine_moments", "global_moments", "local_moments", "normalize_adva
 # TorchRL's standardisation clamps the std at float32's resolution (1e-6).
 DEFAULT_EPS = float(torch.finfo(torch.float32).resolution)
 
-# all_gather_single replaces all_gather_into_tensor in recent PyTorch; older releases only have the latter.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# all_gather_single replaces all_gather_into_tensor in recent PyTorch; older releases only have the latter. A
+# build without distributed support has neither: the moments below still serve rl_triton.llm there.
+_all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
 
-def _accumulation_dtype(x: torch.Tensor) -> torch.dtype:
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype statistics of ``dtype`` values accumulate in (here and in :mod:`rl_triton.llm`)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _valid_mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -65,18 +65,26 @@ def local_moments(x: torch.Tensor, mask: torch.Tensor | None = None):
         mask are never read arithmetically, so NaN or inf there does not leak into the moments.
         Statistics are constants: no gradient flows through them.
     """
-    acc = _accumulation_dtype(x)
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    acc = _acc_dtype(x.dtype)
     m = _valid_mask(x, mask)
     xa = x.detach().to(acc)
-    if m is None:
-        count = torch.full((), x.numel(), dtype=acc, device=x.device)
-        mean = xa.sum() / count.clamp_min(1)
-        m2 = (xa - mean).square().sum()
-    else:
-        count = m.sum(dtype=acc)
-        mean = torch.where(m, xa, 0).sum() / count.clamp_min(1)
-        # Two passes (mean first, then squared deviations) rather than E[x^2] - E[x]^2: no cancellation.
-        m2 = torch.where(m, xa - mean, 0).square().sum()
+    if m is not None:
+        return _masked_moments(xa, m)
+    count = torch.full((), x.numel(), dtype=acc, device=x.device)
+    mean = xa.sum() / count.clamp_min(1)
+    m2 = (xa - mean).square().sum()
+    return count, mean, m2
+
+
+def _masked_moments(xa: torch.Tensor, m: torch.Tensor):
+    """:func:`local_moments` of ``xa``, already in the accumulation dtype, where the bool ``m`` of its shape is set;
+    no checks, and gradients flow (:func:`rl_triton.llm.masked_mean` is differentiable on its PyTorch path)."""
+    count = m.sum(dtype=xa.dtype)
+    mean = torch.where(m, xa, 0).sum() / count.clamp_min(1)
+    # Two passes (mean first, then squared deviations) rather than E[x^2] - E[x]^2: no cancellation.
+    m2 = torch.where(m, xa - mean, 0).square().sum()
     return count, mean, m2
 
 

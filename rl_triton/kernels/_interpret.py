@@ -1,11 +1,12 @@
-"""Speeds up ``tl.associative_scan`` of the linear-recurrence combine under ``TRITON_INTERPRET=1``.
+"""Speeds up ``tl.associative_scan`` of our scan combines under ``TRITON_INTERPRET=1``.
 
 Triton's interpreter runs a scan with a user combine function one element at a time in Python
-(about 0.1 ms per element), which makes interpreted tests of realistic sizes take minutes. For our
-combines only (``linear_combine``, ``linear_combine_next`` and their plain forms), this replaces that loop by the
-same left fold vectorised with NumPy across the other axes: identical semantics (an inclusive scan
-along the axis), just fast. Every other scan goes through Triton's own code. Only the interpreter
-is affected (``tests/test_interpret_fastpath.py`` checks the folds against a float64 loop).
+(about 0.1 ms per element), which makes interpreted tests of realistic sizes take minutes. For the
+combines registered here (the core's ``linear_combine``, ``linear_combine_next`` and their plain forms;
+:mod:`rl_triton.llm`'s GAE pair map), this replaces that loop by the same left fold vectorised with NumPy
+across the other axes: identical semantics (an inclusive scan along the axis), just fast. Every other scan
+goes through Triton's own code. Only the interpreter is affected (``tests/test_interpret_fastpath.py`` checks
+the core's folds against a float64 loop).
 """
 
 from __future__ import annotations
@@ -55,22 +56,39 @@ def _fold_plain_next(a, b, na, nb):
     return a, b, na, nb
 
 
+def fold_gae_pair(p, q, r, b1, b2):
+    """The fold of rl_triton.llm's ``_gae_combine``: maps ``L' = p L + q nv + b1, nv' = r nv + b2``, the earlier
+    element (f) applied first, then the later one (g)."""
+    with np.errstate(all="ignore"):
+        for i in range(1, p.shape[-1]):
+            pf, qf, rf, b1f, b2f = p[..., i - 1], q[..., i - 1], r[..., i - 1], b1[..., i - 1], b2[..., i - 1]
+            pg, qg, rg, b1g, b2g = (x[..., i].copy() for x in (p, q, r, b1, b2))
+            p[..., i], q[..., i], r[..., i] = pg * pf, pg * qf + qg * rf, rg * rf
+            b1[..., i], b2[..., i] = pg * b1f + qg * b2f + b1g, rg * b2f + b2g
+    return p, q, r, b1, b2
+
+
 FOLDS = (_fold_linear, _fold_linear_next, _fold_plain, _fold_plain_next)
+_FOLDS: dict = {}  # a combine's Python function -> its fold
 
 
-def install(*combines) -> bool:
+def install(*combines, folds=FOLDS) -> bool:
+    """Registers each combine with the fold at its position in ``folds`` (the core's four by default) and, the
+    first time, routes the interpreter's scans through the registered folds. False without an interpreter."""
     try:
         from triton.runtime import interpreter
     except ImportError:  # pragma: no cover - triton without an interpreter
         return False
     scan_ops = getattr(interpreter, "ScanOps", None)
-    if scan_ops is None or getattr(scan_ops, "_rl_triton_patched", False):
-        return scan_ops is not None
+    if scan_ops is None:
+        return False
+    _FOLDS.update((getattr(c, "fn", c), fold) for c, fold in zip(combines, folds, strict=False))
+    if getattr(scan_ops, "_rl_triton_patched", False):
+        return True
     original = scan_ops.generic_scan
-    folds = {getattr(c, "fn", c): fold for c, fold in zip(combines, FOLDS, strict=False)}
 
     def generic_scan(self, input):
-        fold = folds.get(getattr(self.combine_fn, "fn", None))
+        fold = _FOLDS.get(getattr(self.combine_fn, "fn", None))
         if fold is None or len(input) != fold.__code__.co_argcount:
             return original(self, input)
         data = [np.moveaxis(x.handle.data, self.axis, -1).copy() for x in input]

@@ -888,3 +888,28 @@ def linear_scan_kernel(
         b_b = tl.load(p_b + off, mask=m, other=0).to(ACC)
         b_x, b_carry, _ = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, PLAIN)
         tl.store(p_x + off, b_x, mask=m)
+
+
+# The token scans' look-back (rl_triton.llm): rows of a few long blocks whose maps are not core's (a, b) pairs
+# (GAE carries (L, nv)), so each block folds the maps of every later block of its row itself, in a fixed order,
+# instead of lookback's windows. Its flags: one int32 per (row, block) (flag_buffer_size without epochs), kept
+# from call to call and tagged with the call's epoch, which the host advances by one per call.
+
+
+@triton.jit
+def publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, MAX_SPIN: tl.constexpr):
+    """Flags block ``i_k`` of ``rows`` (its map stored just before) as published for ``epoch``, then waits until
+    the blocks selected by ``later`` ([BN, NBP] over blocks ``NB - 1 - i_b``) have published theirs. Blocks are
+    launched latest-first, so a block only waits on blocks that started before it. The wait is bounded (MAX_SPIN
+    polls): never a hang."""
+    tl.debug_barrier()
+    tl.atomic_xchg(p_flag + rows.to(tl.int64) * NB + i_k, epoch + rows * 0, mask=m_row, sem="release")
+    p_f = p_flag + rows.to(tl.int64)[:, None] * NB + (NB - 1 - i_b)[None, :]
+    spins = i_k * 0
+    pending = tl.sum(tl.sum(later.to(tl.int32), axis=1), axis=0) > 0
+    while pending:
+        f = tl.atomic_add(p_f, 0, mask=later, sem="acquire")
+        spins += 1
+        waiting = tl.sum(tl.sum(((f != epoch) & later).to(tl.int32), axis=1), axis=0)
+        pending = (waiting > 0) & (spins < MAX_SPIN)
+    tl.debug_barrier()

@@ -400,3 +400,96 @@ def reads_time_major_in_place(n: int, t: int, num_actions: int = 0, dtype: torch
         return True
     lookback = dtype is not None and dtype != torch.float64 and n >= _TM_MIN_ENVS
     return lookback and _chunks(plan, t) <= _TM_MAX_LOOKBACK
+
+
+# ---------------------------------------------------------------------------------------------- token scans
+# The token scans of rl_triton.llm (masked GAE and REINFORCE++ over (B, T) rows of tokens, llm/_kernels.py): one
+# kernel at every length, its tile an ENV_GROUPS one of a whole block ([BN, G, 4], groups of 4 tokens numbered
+# latest-first), rows longer than a block split in time by their own look-back (core.publish_and_wait) or two
+# passes. docs/llm.md, "Kernels".
+
+TOKEN_KINDS = ("gae", "reinforce_pp")
+TOKEN_MIN_BLOCK = 16  # the shortest tile of the token scans (short rows are padded to it as well)
+TOKEN_MAX_BLOCK = 8192  # one program's tile of a row split in time
+TOKEN_TILE = 2048  # tokens per program of rows of one block (several rows a program)
+TOKEN_SPLITS = (Split.TWO_PASS, Split.LOOKBACK)
+# A form given by name: Form's names, and "grouped", what the token scans called their form before sharing Form.
+_TOKEN_FORM_NAMES = {**{f.name.lower(): f for f in Form}, "grouped": Form.ENV_GROUPS}
+_SPLIT_VALUES = {s.value: s for s in Split}
+
+
+@dataclass(frozen=True)
+class TokenPlan:
+    """One launch configuration of the token scans. ``form`` and ``split`` may be given as strings (a Form's name
+    or ``"grouped"``, a Split's value: ``TokenPlan(split="two_pass")``); an invalid plan raises ValueError saying
+    why."""
+
+    block: int = 4096  # tokens per block: rows of at most this many are one block, longer ones are split
+    # The one tile form: plain tiles scanned with time descending (no vector loads) or with reverse=True scans
+    # (lane-reversing shuffles of every element) were no faster on an H200, and the reverse one did not compile
+    # for every shape.
+    form: Form = Form.ENV_GROUPS
+    # LOOKBACK: one launch, blocks launched latest-first publish their map behind an epoch-tagged flag and wait
+    # for the later blocks' (inputs read once); CUDA graph captures take the two passes instead (a replay would
+    # reuse the captured epoch). TWO_PASS: each block stores its map, then each folds the later blocks' and
+    # rescans (inputs read twice).
+    split: Split = Split.LOOKBACK
+    # Warps per program of the scan; None: one per 256 tokens of the tile (8 tokens a thread), 4 to 16.
+    warps: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.form, str):
+            object.__setattr__(self, "form", _TOKEN_FORM_NAMES.get(self.form.lower(), self.form))
+        if isinstance(self.split, str):
+            object.__setattr__(self, "split", _SPLIT_VALUES.get(self.split, self.split))
+        check_token(self)
+
+
+def check_token(plan: TokenPlan) -> TokenPlan:
+    """``plan`` itself when the token scans can launch it; TypeError for anything but a :class:`TokenPlan`,
+    ValueError saying why for an invalid one."""
+    if not isinstance(plan, TokenPlan):
+        raise TypeError(f"plan must be a rl_triton.llm.plans.TokenPlan, got {type(plan).__name__}")
+    block = plan.block
+    if isinstance(block, bool) or not isinstance(block, int) or block & (block - 1) or block <= 0:
+        raise ValueError(f"TokenPlan: block must be a power of two (tokens per program of a split row), got {block!r}")
+    if not TOKEN_MIN_BLOCK <= block <= TOKEN_MAX_BLOCK:
+        raise ValueError(f"TokenPlan: block must lie in [{TOKEN_MIN_BLOCK}, {TOKEN_MAX_BLOCK}], got {block}")
+    w = plan.warps
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w & (w - 1) or not 1 <= w <= 32):
+        raise ValueError(f"TokenPlan: warps must be None or a power of two in [1, 32], got {w!r}")
+    if plan.form is not Form.ENV_GROUPS:
+        raise ValueError(
+            f"TokenPlan: form must be a Form of the token scans (ENV_GROUPS, 'grouped'), got {plan.form!r}"
+        )
+    if plan.split not in TOKEN_SPLITS:
+        raise ValueError(
+            f"TokenPlan: split must be a Split of the token scans (two_pass, lookback), got {plan.split!r}"
+        )
+    return plan
+
+
+TOKEN_DEFAULT = TokenPlan()
+# GAE's two-value state runs faster with fewer, fuller threads: 4 warps a program (32 tokens a thread in a
+# 4096-token block) rather than one warp per 256 tokens. REINFORCE++'s one-value state does not (docs/llm.md).
+TOKEN_GAE = TokenPlan(warps=4)
+
+
+def choose_token(b: int, t: int, dtype: torch.dtype, estimator: str = "gae") -> TokenPlan:
+    """The plan of a token scan of ``b`` rows of ``t`` tokens of ``dtype`` for ``estimator`` (one of
+    :data:`TOKEN_KINDS`): blocks of 4096 tokens for every shape, rows longer than that carried by the one-launch
+    look-back (two launches inside a CUDA graph capture); GAE on 2- and 4-byte floats in 4 warps a program. The
+    measurements behind the choice: docs/llm.md, "Kernels"."""
+    if estimator not in TOKEN_KINDS:
+        raise ValueError(f"estimator must be 'gae' or 'reinforce_pp', got {estimator!r}")
+    return TOKEN_GAE if estimator == "gae" and dtype != torch.float64 else TOKEN_DEFAULT
+
+
+def token_tile(b: int, t: int, block: int) -> tuple[int, int, int]:
+    """(rows per program, tokens per block, blocks per row) of a token scan of ``b`` rows of ``t >= 1`` tokens in
+    blocks of ``block``: a row of at most ``block`` tokens is one block padded to a power of two, several rows a
+    program; a longer row is split into blocks of ``block``, one program each."""
+    if t <= block:
+        bt = max(TOKEN_MIN_BLOCK, pow2(t))
+        return max(1, min(pow2(b), TOKEN_TILE // bt)), bt, 1
+    return 1, block, cdiv(t, block)

@@ -5,10 +5,12 @@
   linear in the state (L, nv): a valid token maps it to ``(γλ L + γ nv + r − V, V)``, a masked one leaves it
   alone, so every step is an affine map ``L' = p L + q nv + b1, nv' = rr nv + b2`` and so is any composition of
   steps (``_gae_combine``). REINFORCE++ is the scalar map ``G' = γ G + r`` at a valid token and the identity at
-  a masked one (``_lin_combine``). Rows longer than one block of ``BT`` tokens are split in time: each block
-  composes its map and folds the maps of the blocks after it (a scan over at most ``NBP`` maps) into the state
-  entering the block, either in one launch (PHASE 3, the look-back: blocks publish their maps behind flags) or
-  in two (PHASE 1 stores the maps, PHASE 2 rescans).
+  a masked one (the core's ``linear_combine``). Rows longer than one block of ``BT`` tokens are split in time:
+  each block composes its map and folds the maps of the blocks after it (a scan over at most ``NBP`` maps) into
+  the state entering the block, either in one launch (PHASE LOOKBACK: blocks publish their maps behind flags,
+  ``core.publish_and_wait``) or in two (AGGREGATES stores the maps, RESCAN rescans). The tile is the core's
+  ENV_GROUPS form, with its tile helpers and combines; the scan across groups and the carry are the kernel's own
+  (a GAE state is two values, and its blocks fold every later block's map, not the core's windows).
 * ``_moments_kernel``: per-program (count, sum, M2) of the valid entries. It and the scan kernel end in
   ``_finalize_last``: the launch's last program combines every program's triple in a fixed order
   (deterministic, no atomics on the values) into [count, mean, M2].
@@ -23,16 +25,18 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .. import _config
-from .plans import Split, TokenPlan
+from ..distributed import _acc_dtype as _acc
+from ..kernels import core
+from ..kernels.core import AGGREGATES, LOOKBACK, RESCAN, _edge, _join4, _on, _split4, linear_combine
+from ..kernels.launch import _acc as _tl
+from ..kernels.plans import Phase, Split, TokenPlan, cdiv, pow2, token_tile
 
-# Launch decisions (block length, tile form, split) are a TokenPlan (.plans), passed in.
-_TILE = 2048  # elements per program for short rows (several rows a program)
+# Launch decisions (block length, tile form, split) are a TokenPlan (kernels/plans.py), passed in.
 _FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kernels
 
 
@@ -40,44 +44,6 @@ _FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kerne
 def _gae_combine(pf, qf, rf, b1f, b2f, pg, qg, rg, b1g, b2g):
     # f (the later tokens, applied first) then g:  L -> pg (pf L + qf nv + b1f) + qg (rf nv + b2f) + b1g
     return pg * pf, pg * qf + qg * rf, rg * rf, pg * b1f + qg * b2f + b1g, rg * b2f + b2g
-
-
-@triton.jit
-def _lin_combine(a_l, b_l, a_r, b_r):
-    # (a_l, b_l) then (a_r, b_r); where a_r == 0 the state before is not read (b_l may be a padding NaN)
-    return a_l * a_r, tl.where(a_r == 0, b_r, a_r * b_l + b_r)
-
-
-@triton.jit
-def _last(x, i, n: tl.constexpr):
-    # the last column of a [BN, n] tile, as [BN, 1] (a select, so other columns' values never enter)
-    return tl.sum(tl.where((i == n - 1)[None, :], x, 0.0), axis=1)[:, None]
-
-
-@triton.jit
-def _on(c, x):
-    # the scalar map c = (a, b) applied to the state x: a x + b, or b where a == 0 (x not read)
-    return tl.where(c[0] == 0, c[1], c[0] * x + c[1])
-
-
-@triton.jit
-def _pick(x, sel):
-    # the entry of each row of a [BN, G] tile where sel is set, as [BN] (a select: other entries never enter)
-    return tl.sum(tl.where(sel, x, 0.0), axis=1)
-
-
-@triton.jit
-def _cols4(x):
-    # [BN, G, 4] -> its four columns [BN, G] (in-thread: the group axis is a thread's vector)
-    a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1], 2, 2]))
-    x0, x2 = tl.split(a)
-    x1, x3 = tl.split(b)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _join4(x0, x1, x2, x3):
-    return tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [x0.shape[0], x0.shape[1], 4])
 
 
 @triton.jit
@@ -105,11 +71,11 @@ def _rpp_maps(p_r, mk, offs, inb, g, ACC: tl.constexpr):
 @triton.jit
 def _gae4(e):
     # backward through a group of 4: the composed maps from the group's entry to each token, latest token first
-    p0, p1, p2, p3 = _cols4(e[0])
-    q0, q1, q2, q3 = _cols4(e[1])
-    r0, r1, r2, r3 = _cols4(e[2])
-    u0, u1, u2, u3 = _cols4(e[3])
-    w0, w1, w2, w3 = _cols4(e[4])
+    p0, p1, p2, p3 = _split4(e[0])
+    q0, q1, q2, q3 = _split4(e[1])
+    r0, r1, r2, r3 = _split4(e[2])
+    u0, u1, u2, u3 = _split4(e[3])
+    w0, w1, w2, w3 = _split4(e[4])
     c2 = _gae_combine(p3, q3, r3, u3, w3, p2, q2, r2, u2, w2)
     c1 = _gae_combine(c2[0], c2[1], c2[2], c2[3], c2[4], p1, q1, r1, u1, w1)
     c0 = _gae_combine(c1[0], c1[1], c1[2], c1[3], c1[4], p0, q0, r0, u0, w0)
@@ -118,30 +84,14 @@ def _gae4(e):
 
 @triton.jit
 def _lin4(a, b):
-    a0, a1, a2, a3 = _cols4(a)
-    b0, b1, b2, b3 = _cols4(b)
-    c2 = _lin_combine(a3, b3, a2, b2)
-    c1 = _lin_combine(c2[0], c2[1], a1, b1)
-    c0 = _lin_combine(c1[0], c1[1], a0, b0)
+    # _gae4 for REINFORCE++'s scalar maps. Not core._suffix4 (the same maps): its products in the other operand
+    # order raised the register use of some of these launches.
+    a0, a1, a2, a3 = _split4(a)
+    b0, b1, b2, b3 = _split4(b)
+    c2 = linear_combine(a3, b3, a2, b2)
+    c1 = linear_combine(c2[0], c2[1], a1, b1)
+    c0 = linear_combine(c1[0], c1[1], a0, b0)
     return c0, c1, c2, (a3, b3)
-
-
-@triton.jit
-def _publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, MAX_SPIN: tl.constexpr):
-    # Look-back: flag this block's map (stored just before) as published for this call's epoch, then wait until
-    # every later block of the row has published its own. Blocks are launched latest-first, so a block only
-    # waits on blocks that started before it. The wait is bounded (MAX_SPIN polls): never a hang.
-    tl.debug_barrier()
-    tl.atomic_xchg(p_flag + rows.to(tl.int64) * NB + i_k, epoch + rows * 0, mask=m_row, sem="release")
-    p_f = p_flag + rows.to(tl.int64)[:, None] * NB + (NB - 1 - i_b)[None, :]
-    spins = i_k * 0
-    pending = tl.sum(tl.sum(later.to(tl.int32), axis=1), axis=0) > 0
-    while pending:
-        f = tl.atomic_add(p_f, 0, mask=later, sem="acquire")
-        spins += 1
-        waiting = tl.sum(tl.sum(((f != epoch) & later).to(tl.int32), axis=1), axis=0)
-        pending = (waiting > 0) & (spins < MAX_SPIN)
-    tl.debug_barrier()
 
 
 @triton.jit(do_not_specialize=["epoch"])
@@ -161,15 +111,15 @@ def _token_scan_grouped_kernel(
     p_pc,  # out: per-program count of valid tokens (int32)
     p_ps,  # out: per-program sum of x over them
     p_pm,  # out: per-program M2 of x over them (around the program's own mean)
-    p_st,  # out: [count, mean, M2] over every program's (PHASE 2, 3; written by the last program)
+    p_st,  # out: [count, mean, M2] over every program's (RESCAN, LOOKBACK; written by the last program)
     p_tk,  # the ticket counter of _finalize_last (int32, 0 between launches)
-    p_flag,  # look-back flags (B, NB), int32: the epoch of the call that last published each block (PHASE 3)
-    epoch,  # this call's epoch (PHASE 3)
+    p_flag,  # look-back flags (B, NB), int32: the epoch of the call that last published each block (LOOKBACK)
+    epoch,  # this call's epoch (LOOKBACK)
     B,
     T,
     NB,  # blocks per row
     MODE: tl.constexpr,  # 0: masked GAE, 1: REINFORCE++ returns
-    PHASE: tl.constexpr,  # 1: store block maps only, 2: carry in, scan, store, 3: both in one launch (look-back)
+    PHASE: tl.constexpr,  # AGGREGATES: block maps only; RESCAN: carry in, scan, store; LOOKBACK: both in one launch
     CARRY: tl.constexpr,  # NB > 1
     G_PTR: tl.constexpr,
     L_PTR: tl.constexpr,
@@ -188,7 +138,7 @@ def _token_scan_grouped_kernel(
     # with lane-reversing shuffles of every element).
     G: tl.constexpr = BT // 4
     i_n = tl.program_id(0)
-    if PHASE == 3:
+    if PHASE == LOOKBACK:
         i_k = NB - 1 - tl.program_id(1)  # latest block first: the blocks waited on start earlier
     else:
         i_k = tl.program_id(1)
@@ -207,7 +157,6 @@ def _token_scan_grouped_kernel(
     later = m_row[:, None] & ((NB - 1 - i_b) > i_k)[None, :]  # the blocks after this one, latest first
     p_blk = p_agg + (rows.to(tl.int64)[:, None] * NB + (NB - 1 - i_b)[None, :]) * 5
     p_own = p_agg + (rows.to(tl.int64) * NB + i_k) * 5
-    last_g = (i_g == G - 1)[None, :]
     if MODE == 0:
         if L_PTR:
             lam = tl.load(p_l + rows * s_l, mask=m_row, other=0).to(ACC)[:, None, None]
@@ -217,17 +166,17 @@ def _token_scan_grouped_kernel(
         valid = e[5]
         b_v = e[6]
         c0, c1, c2, c3 = _gae4(e)
-        if PHASE != 2:
+        if PHASE != RESCAN:
             # the block's map: all its groups composed, latest first
             A = tl.associative_scan(c0, 1, _gae_combine)
-            tl.store(p_own + 0, _pick(A[0], last_g), mask=m_row)
-            tl.store(p_own + 1, _pick(A[1], last_g), mask=m_row)
-            tl.store(p_own + 2, _pick(A[2], last_g), mask=m_row)
-            tl.store(p_own + 3, _pick(A[3], last_g), mask=m_row)
-            tl.store(p_own + 4, _pick(A[4], last_g), mask=m_row)
-            if PHASE == 3:
-                _publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, 1 << 16)
-        if PHASE != 1:
+            tl.store(p_own + 0, _edge(A[0], 1, False, False), mask=m_row)
+            tl.store(p_own + 1, _edge(A[1], 1, False, False), mask=m_row)
+            tl.store(p_own + 2, _edge(A[2], 1, False, False), mask=m_row)
+            tl.store(p_own + 3, _edge(A[3], 1, False, False), mask=m_row)
+            tl.store(p_own + 4, _edge(A[4], 1, False, False), mask=m_row)
+            if PHASE == LOOKBACK:
+                core.publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, 1 << 16)
+        if PHASE != AGGREGATES:
             f0, _, _, _ = _gae4(_gae_maps(p_r, p_v, p_m, offs + 4, prev_in, g, lam, ACC))
             # X_g: the composed map of the groups before g (identity for g = 0)
             X = tl.associative_scan(f0, 1, _gae_combine)
@@ -238,8 +187,8 @@ def _token_scan_grouped_kernel(
                 c_b1 = tl.load(p_blk + 3, mask=later, other=0.0, volatile=VOLATILE).to(ACC)
                 c_b2 = tl.load(p_blk + 4, mask=later, other=0.0, volatile=VOLATILE).to(ACC)
                 _, _, _, C1, C2 = tl.associative_scan((c_p, c_q, c_r, c_b1, c_b2), 1, _gae_combine)
-                Lc = _last(C1, i_b, NBP)
-                Vc = _last(C2, i_b, NBP)
+                Lc = _edge(C1, 1, False, True)
+                Vc = _edge(C2, 1, False, True)
                 EL = X[0] * Lc + X[1] * Vc + X[3]  # the state entering each group
                 EV = X[2] * Vc + X[4]
             else:
@@ -253,29 +202,30 @@ def _token_scan_grouped_kernel(
         mk = tl.load(p_m + offs, mask=inb, other=0)
         a, b, valid = _rpp_maps(p_r, mk, offs, inb, g, ACC)
         c0, c1, c2, c3 = _lin4(a, b)
-        if PHASE != 2:
-            AA, AB = tl.associative_scan(c0, 1, _lin_combine)
-            tl.store(p_own + 0, _pick(AA, last_g), mask=m_row)
-            tl.store(p_own + 1, _pick(AB, last_g), mask=m_row)
-            if PHASE == 3:
-                _publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, 1 << 16)
-        if PHASE != 1:
+        if PHASE != RESCAN:
+            AA, AB = tl.associative_scan(c0, 1, linear_combine)
+            tl.store(p_own + 0, _edge(AA, 1, False, False), mask=m_row)
+            tl.store(p_own + 1, _edge(AB, 1, False, False), mask=m_row)
+            if PHASE == LOOKBACK:
+                core.publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, 1 << 16)
+        if PHASE != AGGREGATES:
             mk4 = tl.load(p_m + offs + 4, mask=prev_in, other=0)
             fa, fb, _ = _rpp_maps(p_r, mk4, offs + 4, prev_in, g, ACC)
             f0, _, _, _ = _lin4(fa, fb)
-            XA, XB = tl.associative_scan(f0, 1, _lin_combine)
+            XA, XB = tl.associative_scan(f0, 1, linear_combine)
             if CARRY:
                 c_a = tl.load(p_blk + 0, mask=later, other=1.0, volatile=VOLATILE).to(ACC)
                 c_b = tl.load(p_blk + 1, mask=later, other=0.0, volatile=VOLATILE).to(ACC)
-                _, CB = tl.associative_scan((c_a, c_b), 1, _lin_combine)
-                EG = tl.where(XA == 0, XB, XA * _last(CB, i_b, NBP) + XB)
+                _, CB = tl.associative_scan((c_a, c_b), 1, linear_combine)
+                EG = _on(XA, XB, _edge(CB, 1, False, True))
             else:
                 EG = XB
             # returns are 0 at masked positions (the state carried across them is not stored)
-            x = tl.where(valid, _join4(_on(c0, EG), _on(c1, EG), _on(c2, EG), _on(c3, EG)), 0.0)
+            x = _join4(_on(c0[0], c0[1], EG), _on(c1[0], c1[1], EG), _on(c2[0], c2[1], EG), _on(c3[0], c3[1], EG))
+            x = tl.where(valid, x, 0.0)
             if STORE_RET:
                 tl.store(p_ret + offs, x, mask=inb)
-    if PHASE != 1:
+    if PHASE != AGGREGATES:
         tl.store(p_x + offs, x, mask=inb)
         cnt = tl.sum(tl.sum(tl.sum(valid.to(tl.int32), axis=2), axis=1), axis=0)
         tot = tl.sum(tl.sum(tl.sum(tl.where(valid, x, 0.0), axis=2), axis=1), axis=0)
@@ -480,69 +430,22 @@ def _broadcast_kernel(
     tl.store(p_y + offs, tl.where(m, a, 0.0), mask=inb)
 
 
-# ---------------------------------------------------------------------------------------------- interpreter
+if _config.INTERPRET:  # the GAE pair map's scans as NumPy folds, beside the core's combines (kernels/__init__.py)
+    from ..kernels._interpret import fold_gae_pair, install
 
-
-def _fold_gae(p, q, r, b1, b2):
-    for i in range(1, p.shape[-1]):
-        pf, qf, rf, b1f, b2f = p[..., i - 1], q[..., i - 1], r[..., i - 1], b1[..., i - 1], b2[..., i - 1]
-        pg, qg, rg, b1g, b2g = (x[..., i].copy() for x in (p, q, r, b1, b2))
-        p[..., i], q[..., i], r[..., i] = pg * pf, pg * qf + qg * rf, rg * rf
-        b1[..., i], b2[..., i] = pg * b1f + qg * b2f + b1g, rg * b2f + b2g
-    return p, q, r, b1, b2
-
-
-def _fold_lin(a, b):
-    for i in range(1, a.shape[-1]):
-        b[..., i] = np.where(a[..., i] == 0, b[..., i], a[..., i] * b[..., i - 1] + b[..., i])
-        a[..., i] = a[..., i - 1] * a[..., i]
-    return a, b
-
-
-def _install_folds() -> None:
-    """Under TRITON_INTERPRET=1, runs this module's two scan combines as NumPy folds along the scan axis (the
-    interpreter would evaluate them one element at a time): the same inclusive scan, only faster."""
-    try:
-        from triton.runtime import interpreter
-    except ImportError:  # pragma: no cover
-        return
-    ops = getattr(interpreter, "ScanOps", None)
-    if ops is None or getattr(ops, "_rl_triton_llm", False):
-        return
-    folds = {_gae_combine.fn: _fold_gae, _lin_combine.fn: _fold_lin}
-    previous = ops.generic_scan
-
-    def generic_scan(self, input):
-        fold = folds.get(getattr(self.combine_fn, "fn", None))
-        if fold is None:
-            return previous(self, input)
-        data = [np.moveaxis(x.handle.data, self.axis, -1).copy() for x in input]
-        with np.errstate(all="ignore"):
-            out = fold(*data)
-        return [self.to_tensor(np.moveaxis(o, -1, self.axis), x.dtype) for o, x in zip(out, input, strict=True)]
-
-    ops.generic_scan = generic_scan
-    ops._rl_triton_llm = True
-
-
-if _config.INTERPRET:
-    _install_folds()
+    install(_gae_combine, folds=(fold_gae_pair,))
 
 
 # ---------------------------------------------------------------------------------------------- launchers
 
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _tl(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
+_AGGREGATES, _RESCAN, _LOOKBACK = int(Phase.AGGREGATES), int(Phase.RESCAN), int(Phase.LOOKBACK)
 
 
 def _hyper(h, acc: torch.dtype, ref: torch.Tensor):
     """(pointer, float value, stride, is_pointer) for gamma / lam. Floats stay kernel arguments (float32)
-    except for float64 calls, which read a one-element float64 tensor (a fill, no host-to-device copy)."""
+    except for float64 calls, which read a one-element float64 tensor (a fill, no host-to-device copy): the
+    core's (hi, lo) float32 halves (launch.hp) carry 48 of a float64's 53 bits, and in float32 their sum can
+    round one ulp away from the float itself."""
     if isinstance(h, float):
         if acc == torch.float64:
             return torch.full((1,), h, dtype=acc, device=ref.device), 0.0, 0, True
@@ -605,7 +508,7 @@ def moments(x: torch.Tensor, m: torch.Tensor) -> Partials:
     """Partial moments of ``x`` where the mask ``m`` is nonzero, and their combination (:func:`finalize`)."""
     acc = _acc(x.dtype)
     n = x.numel()
-    p = triton.cdiv(n, _FLAT_BLOCK)
+    p = cdiv(n, _FLAT_BLOCK)
     parts = _partials(p, acc, x.device)
     if n:
         xf, mf = x.contiguous().reshape(-1), _u8(m).reshape(-1)
@@ -629,20 +532,11 @@ def whiten(x, stats, shift_mean: bool, out_dtype=None, mask=None, inplace=False)
         st = torch.stack([t.to(device=x.device, dtype=acc).reshape(()) for t in stats])
     if n:
         mf = _u8(mask).reshape(-1) if mask is not None else x
-        _whiten_kernel[(triton.cdiv(n, _FLAT_BLOCK),)](
+        _whiten_kernel[(cdiv(n, _FLAT_BLOCK),)](
             x.reshape(-1), y.reshape(-1), mf, st, n, SHIFT=shift_mean, MASK_OUT=mask is not None, BLOCK=_FLAT_BLOCK,
             ACC=_tl(acc), num_warps=8,
         )  # fmt: skip
     return y, st[0]
-
-
-def _row_plan(b: int, t: int, block: int):
-    """(BN, BT, NB): rows per program, tokens per block, blocks per row."""
-    if t <= block:
-        bt = max(16, triton.next_power_of_2(t))
-        bn = max(1, min(triton.next_power_of_2(b), _TILE // bt))
-        return bn, bt, 1
-    return 1, block, triton.cdiv(t, block)
 
 
 def _scan(mode: int, r, v, m, gamma, lam, plan: TokenPlan):
@@ -659,8 +553,8 @@ def _scan(mode: int, r, v, m, gamma, lam, plan: TokenPlan):
         x = ret
     if r.numel() == 0:
         return x, ret, _partials(0, acc, r.device)
-    bn, bt, nb = _row_plan(b, t, plan.block)
-    grid = (triton.cdiv(b, bn), nb)
+    bn, bt, nb = token_tile(b, t, plan.block)
+    grid = (cdiv(b, bn), nb)
     parts = _partials(grid[0] * nb, acc, r.device)
     pc, ps, pm, st = parts.pc, parts.ps, parts.pm, parts.st
     agg = torch.empty(b * nb * 5, dtype=acc, device=r.device) if nb > 1 else ps
@@ -670,16 +564,17 @@ def _scan(mode: int, r, v, m, gamma, lam, plan: TokenPlan):
     warps = plan.warps or min(16, max(4, bn * bt // 256))
     common = dict(
         MODE=mode, CARRY=nb > 1, G_PTR=g_ptr, L_PTR=l_ptr, STORE_RET=mode == 0 or x is not ret,
-        BN=bn, BT=bt, NBP=triton.next_power_of_2(nb), ACC=_tl(acc), num_warps=warps,
+        BN=bn, BT=bt, NBP=pow2(nb), ACC=_tl(acc), num_warps=warps,
     )  # fmt: skip
     args = (r, v, m8, pg, pl, gv, lv, sg, sl, x, ret, agg, pc, ps, pm, st, _ticket(r.device))
     if nb > 1 and plan.split is Split.LOOKBACK and not _capturing(r.device):
-        flags, epoch = _flags(r.device, b * nb)
-        _token_scan_grouped_kernel[grid](*args, flags, epoch, b, t, nb, PHASE=3, VOLATILE=True, **common)
+        flags, epoch = _flags(r.device, b * nb)  # one flag per (row, block): core.flag_buffer_size without epochs
+        _token_scan_grouped_kernel[grid](*args, flags, epoch, b, t, nb, PHASE=_LOOKBACK, VOLATILE=True, **common)
         return x, ret, parts
     if nb > 1:
-        _token_scan_grouped_kernel[grid](*args, ps, 0, b, t, nb, PHASE=1, VOLATILE=False, **common)
-    _token_scan_grouped_kernel[grid](*args, ps, 0, b, t, nb, PHASE=2, VOLATILE=False, **common)
+        _token_scan_grouped_kernel[grid](*args, ps, 0, b, t, nb, PHASE=_AGGREGATES, VOLATILE=False, **common)
+    # rows of one block: the rescan with nothing to carry in (CARRY=False)
+    _token_scan_grouped_kernel[grid](*args, ps, 0, b, t, nb, PHASE=_RESCAN, VOLATILE=False, **common)
     return x, ret, parts
 
 
@@ -691,9 +586,9 @@ _FLAGS: dict = {}
 
 
 def _flags(device: torch.device, size: int):
-    """(flags, epoch) for a look-back launch: a zeroed int32 buffer kept per device and stream, and the epoch this
-    call publishes with (one more than the last call's), so the buffer is never cleared between calls. Graph
-    captures do not take this path (a replay would reuse its epoch)."""
+    """(flags, epoch) for a look-back launch (core.publish_and_wait): a zeroed int32 buffer kept per device and
+    stream, and the epoch this call publishes with (one more than the last call's), so the buffer is never cleared
+    between calls. Graph captures do not take this path (a replay would reuse its epoch)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     entry = _FLAGS.get(key)
@@ -727,16 +622,16 @@ def outcome(r, m, ids, kind: str, epsilon: float):
         return y.zero_()
     r = r.contiguous()
     scores = torch.empty(b, dtype=acc, device=r.device)
-    bt = min(1024, max(16, triton.next_power_of_2(t)))
-    bn = max(1, min(triton.next_power_of_2(b), 4096 // bt))
-    _row_sum_kernel[(triton.cdiv(b, bn),)](r, scores, b, t, BN=bn, BT=bt, ACC=_tl(acc), num_warps=4)
+    bt = min(1024, max(16, pow2(t)))
+    bn = max(1, min(pow2(b), 4096 // bt))
+    _row_sum_kernel[(cdiv(b, bn),)](r, scores, b, t, BN=bn, BT=bt, ACC=_tl(acc), num_warps=4)
     ids_sorted, perm = torch.sort(ids, stable=True)  # stable: members are summed in row order, every call
     a = torch.empty(b, dtype=acc, device=r.device)
     eps_ptr = acc == torch.float64
     eps = torch.full((1,), epsilon, dtype=acc, device=r.device) if eps_ptr else epsilon
     _group_kernel[(b,)](ids_sorted, perm, scores, a, b, eps, KIND=_KINDS[kind], BG=64, ACC=_tl(acc), EPS_PTR=eps_ptr,
                         num_warps=2)  # fmt: skip
-    bt = min(2048, max(16, triton.next_power_of_2(t)))
-    bn = max(1, min(triton.next_power_of_2(b), 4096 // bt))
-    _broadcast_kernel[(triton.cdiv(b, bn), triton.cdiv(t, bt))](a, _u8(m), y, b, t, BN=bn, BT=bt, num_warps=4)
+    bt = min(2048, max(16, pow2(t)))
+    bn = max(1, min(pow2(b), 4096 // bt))
+    _broadcast_kernel[(cdiv(b, bn), cdiv(t, bt))](a, _u8(m), y, b, t, BN=bn, BT=bt, num_warps=4)
     return y

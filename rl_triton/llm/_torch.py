@@ -2,7 +2,9 @@
 
 The recurrences run as log-depth (Hillis-Steele) scans of their affine maps: ``ceil(log2 T)`` rounds of
 elementwise ops over the whole ``(B, T)`` tile instead of a Python loop over ``T``. They compute the same maps
-as the loop, grouped differently, so results agree with it to rounding.
+as the loop, grouped differently, so results agree with it to rounding. Not :func:`rl_triton.scan.torch_scan`:
+that one reads a finiteness test on the host between its passes, which ``torch.compile(fullgraph=True)`` of these
+functions cannot trace, and it has no map of GAE's two-value state (nor this path's flush of subnormal products).
 
 Every function takes validated inputs (``functional.py``): ``m`` is a bool mask, ``gamma`` / ``lam`` are Python
 floats or ``(B, 1)`` tensors in the accumulation dtype.
@@ -12,24 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from ..distributed import _acc_dtype as acc_dtype
 
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-# ---------------------------------------------------------------------------------------------- moments
-
-
-def local_moments(x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(count, mean, M2) of the entries of ``x`` where ``m``, as 0-d tensors in the accumulation dtype.
-    M2 = sum of squared deviations from the mean (two passes: exact up to rounding, no cancellation).
-    An empty mask gives count 0, mean 0, M2 0."""
-    acc = acc_dtype(x.dtype)
-    xa = x.to(acc)
-    count = m.sum(dtype=acc)
-    mean = torch.where(m, xa, 0).sum() / count.clamp(min=1)
-    m2 = torch.where(m, (xa - mean).square(), 0).sum()
-    return count, mean, m2
+# ---------------------------------------------------------------------------------------------- whitening
 
 
 def whiten_apply(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, shift_mean: bool) -> torch.Tensor:

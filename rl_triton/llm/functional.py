@@ -16,7 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .. import distributed
 from .._dispatch import use_kernels
+from ..distributed import _acc_dtype, _masked_moments
 from . import _torch
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -110,11 +112,9 @@ def _combined(stats, process_group):
 
     if process_group is None:
         return stats
-    from ..distributed import combine_moments
-
     if isinstance(stats, _kernels.Partials):
         stats = _kernels.finalize(stats)
-    return combine_moments(*stats, process_group=process_group)
+    return distributed.combine_moments(*stats, process_group=process_group)
 
 
 def _moments(values, mask, process_group, name="values", finalized=True):
@@ -130,11 +130,9 @@ def _moments(values, mask, process_group, name="values", finalized=True):
         if finalized and isinstance(stats, _kernels.Partials):
             stats = _kernels.finalize(stats)
         return values, stats
-    count, mean, m2 = _torch.local_moments(values, _bool_mask(mask))
+    count, mean, m2 = _masked_moments(values.to(_acc_dtype(values.dtype)), _bool_mask(mask))
     if process_group is not None:
-        from ..distributed import combine_moments
-
-        count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
+        count, mean, m2 = distributed.combine_moments(count, mean, m2, process_group=process_group)
     return values, (count, mean, m2)
 
 
@@ -155,7 +153,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None, process_gro
         values = _tensor("values", values)
         mask = _like("mask", mask, values, "values", float_only=False)
         m = _bool_mask(mask)
-        acc = _torch.acc_dtype(values.dtype)
+        acc = _acc_dtype(values.dtype)
         s = torch.where(m, values.to(acc), 0).sum(dim=axis)
         return (s / m.sum(dim=axis, dtype=acc).clamp(min=1)).to(values.dtype)
     values, (count, mean, _) = _moments(values, mask, process_group)
@@ -264,7 +262,7 @@ def compute_gae_advantage_return(
         adv, count = _kernels.whiten(L, stats, True, out_dtype=r.dtype, inplace=True)
         _check_count(count, 2, check)
         return adv, ret
-    acc = _torch.acc_dtype(r.dtype)
+    acc = _acc_dtype(r.dtype)
     m = _bool_mask(m)
     L = _torch.gae_scan(r, values, m, _as_column(gamma, acc), _as_column(lam, acc))
     ret = (L + values.to(acc)).to(r.dtype)
@@ -272,11 +270,9 @@ def compute_gae_advantage_return(
 
 
 def _whiten_local(x_acc: torch.Tensor, m: torch.Tensor, process_group, dtype: torch.dtype, check: bool):
-    count, mean, m2 = _torch.local_moments(x_acc, m)
+    count, mean, m2 = _masked_moments(x_acc, m)
     if process_group is not None:
-        from ..distributed import combine_moments
-
-        count, mean, m2 = combine_moments(count, mean, m2, process_group=process_group)
+        count, mean, m2 = distributed.combine_moments(count, mean, m2, process_group=process_group)
     _check_count(count, 2, check)
     return _torch.whiten_apply(x_acc, mean, m2 / (count - 1), True).to(dtype)
 
@@ -329,7 +325,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
         adv, count = _kernels.whiten(G, stats, True, out_dtype=r.dtype, mask=m)
         _check_count(count, 2, check)
         return adv, ret
-    acc = _torch.acc_dtype(r.dtype)
+    acc = _acc_dtype(r.dtype)
     m = _bool_mask(m)
     G = _torch.reinforce_pp_returns(r, m, _as_column(gamma, acc))
     adv = _whiten_local(G, m, process_group, r.dtype, check)
@@ -376,7 +372,7 @@ def _outcome(kind, token_level_rewards, response_mask, index, epsilon):
 
         adv = _kernels.outcome(r, m, ids, kind, float(epsilon))
         return adv, adv
-    acc = _torch.acc_dtype(r.dtype)
+    acc = _acc_dtype(r.dtype)
     scores = r.to(acc).sum(dim=-1)
     if n_groups is None:
         _, dense = torch.unique(ids, return_inverse=True)  # CPU tensors: no device to sync with

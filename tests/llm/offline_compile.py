@@ -13,8 +13,9 @@ import sys
 import torch
 
 from benchmarks.tune import compile_sm90, sass_and_resources
+from rl_triton.kernels.plans import TOKEN_SPLITS
 from rl_triton.llm import _kernels
-from rl_triton.llm.plans import Split, TokenPlan, choose
+from rl_triton.llm.plans import TokenPlan, choose
 
 _NAMES = ("_token_scan_grouped_kernel", "_whiten_kernel", "_moments_kernel")
 
@@ -82,7 +83,7 @@ def main(argv: list[str]) -> None:
     for b, t, dtype, mode in CASES:
         plans.append((b, t, dtype, mode, choose(b, t, dtype, "reinforce_pp" if mode else "gae")))
     for block in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192):  # every block, both splits, split rows
-        for split in Split:
+        for split in TOKEN_SPLITS:
             for mode, dtype in ((0, torch.float32), (1, torch.float32), (0, torch.float64), (1, torch.bfloat16)):
                 plans.append((3, 2 * 8192 + 3, dtype, mode, TokenPlan(block=block, split=split)))
     for warps in (1, 2, 4, 8, 16, 32):  # the warps field's range, at the default block

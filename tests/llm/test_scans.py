@@ -22,6 +22,7 @@ TOL = {
     torch.bfloat16: (2e-2, 2e-2),
 }
 MASKS = [torch.bool, torch.int64, torch.float32]
+SPLITS = [Split.TWO_PASS, Split.LOOKBACK]  # the token scans' splits (a row of one block is never split)
 # (B, T, dtype, gamma/lam kind): a one-token row, odd lengths, several rows a program; every dtype and every
 # kind of hyper-parameter once (interpreted kernels are slow, so not their full product).
 CASES = [
@@ -92,7 +93,7 @@ def test_gae_split_rows(path, b, t, dtype, hyper):
     _gae_case(path, b, t, dtype, hyper, SMALL_BLOCKS)
 
 
-@pytest.mark.parametrize("form", list(Form), ids=lambda f: f.value)
+@pytest.mark.parametrize("form", [Form.ENV_GROUPS], ids=lambda f: f.name.lower())
 def test_tile_forms(kernel_path, form):
     plan = TokenPlan(block=64, form=form)
     _gae_case(kernel_path, 2, 150, torch.float32, "per-seq", plan)
@@ -203,7 +204,7 @@ def test_long_row_kernel():
     assert_close(adv, e_adv, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("split", list(Split), ids=lambda s: s.value)
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: s.value)
 def test_split_forms(kernel_path, split):
     """Rows split in time, one launch (look-back) or two: repeated calls (each look-back with its own flag epoch),
     both passes giving the same bits."""
@@ -224,7 +225,7 @@ def test_many_partials():
     them; the ticket counter is back to 0 after every launch."""
     from rl_triton.llm import _kernels
 
-    for split in Split:
+    for split in SPLITS:
         plan = TokenPlan(block=16, split=split)
         _gae_case(SimpleNamespace(device="cuda"), 1, 16 * 1030 + 5, torch.float32, "float", plan)
     x = torch.randn(5_000_000, device="cuda")
@@ -233,6 +234,29 @@ def test_many_partials():
     assert abs(llm.masked_var(x, m).item() - xd.var().item()) < 1e-5
     assert_close(llm.masked_whiten(x, m), (x.double() - xd.mean()) / (xd.var() + 1e-8) ** 0.5, atol=2e-5, rtol=1e-4)
     assert _kernels._ticket(x.device).item() == 0  # the counter of x's device and stream, used by every call above
+
+
+def test_gae_fold():
+    """The interpreter's NumPy fold of the GAE pair combine (kernels/_interpret.py): each prefix is the maps composed
+    in order, the earlier applied first; under TRITON_INTERPRET=1 it is the fold registered for the kernels' combine."""
+    from rl_triton import INTERPRET
+    from rl_triton.kernels import _interpret
+
+    rng = np.random.default_rng(0)
+    maps = [rng.uniform(-1, 1, (3, 9)) for _ in range(5)]  # p, q, r, b1, b2 of 9 maps, 3 rows
+    folded = _interpret.fold_gae_pair(*(m.copy() for m in maps))
+    L0, nv0 = rng.uniform(-1, 1, 3), rng.uniform(-1, 1, 3)
+    L, nv = L0, nv0
+    for i in range(9):
+        p, q, r, b1, b2 = (m[:, i] for m in maps)
+        L, nv = p * L + q * nv + b1, r * nv + b2
+        fp, fq, fr, fb1, fb2 = (f[:, i] for f in folded)
+        np.testing.assert_allclose(fp * L0 + fq * nv0 + fb1, L, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(fr * nv0 + fb2, nv, rtol=1e-12, atol=1e-12)
+    if INTERPRET:
+        from rl_triton.llm import _kernels
+
+        assert _interpret._FOLDS[_kernels._gae_combine.fn] is _interpret.fold_gae_pair
 
 
 def test_deterministic(kernel_path):
@@ -246,12 +270,13 @@ def test_default_plan():
     """The chosen plan is today's launch: blocks of 4096 tokens, the grouped form, the look-back split; GAE on 2- and
     4-byte floats in 4 warps, the rest 8 tokens a thread."""
     for shape, dtype in (((64, 32768), torch.float32), ((3, 5), torch.float64), ((4096, 512), torch.bfloat16)):
-        rule = TokenPlan(4096, Form.GROUPED, Split.LOOKBACK, None)
+        rule = TokenPlan(4096, Form.ENV_GROUPS, Split.LOOKBACK, None)
         assert plans.choose(*shape, dtype, "reinforce_pp") == rule
         assert plans.choose(*shape, dtype) == (rule if dtype == torch.float64 else TokenPlan(warps=4))
     with pytest.raises(ValueError, match="estimator"):
         plans.choose(3, 5, torch.float32, "grpo")
     assert TokenPlan(form="grouped", split="two_pass") == TokenPlan(split=Split.TWO_PASS)
+    assert TokenPlan(form="env_groups") == TokenPlan() and TokenPlan().form is Form.ENV_GROUPS
 
 
 @pytest.mark.parametrize(
@@ -264,7 +289,9 @@ def test_default_plan():
         (dict(block=16384), r"\[16, 8192\]"),
         (dict(form="zigzag"), "form must be a Form"),
         (dict(form="reverse"), "form must be a Form"),
+        (dict(form=Form.PLAIN), "form must be a Form"),
         (dict(split="ticket"), "split must be a Split"),
+        (dict(split=Split.SINGLE), "split must be a Split"),
         (dict(warps=3), "warps"),
         (dict(warps=64), "warps"),
         (dict(warps=True), "warps"),
