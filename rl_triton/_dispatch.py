@@ -245,11 +245,7 @@ def call(op: Op, tensors: tuple, plan, hypers: tuple, rows=None):
         if launchable(e, tensors, op.diff_at):
             kept = e.plans.get(op.at)
             if kept is not None:
-                checked = hypers
-                for x, hi in zip(hypers, op.limits, strict=False):
-                    if type(x) is not float or not (0.0 <= x <= 1.0 if hi else x >= 0.0):
-                        checked = _fast_hypers(op, hypers)
-                        break
+                checked = hypers if op.plain(hypers) else _fast_hypers(op, hypers)
                 if checked is not None:
                     like = tensors[e.like_at]
                     out = torch.empty_like(like)

@@ -35,7 +35,7 @@ class Op:
     __slots__ = (
         "fn", "names", "roles", "required", "differentiable", "diff_at", "hypers", "limits", "discounts", "consts",
         "reference", "kernel", "args", "constexprs", "kind", "at", "two", "data", "probabilities", "rename",
-        "kernel_names", "actions",
+        "kernel_names", "actions", "plain",
     )  # fmt: skip
 
     def __init__(
@@ -56,6 +56,7 @@ class Op:
         self.reference, self.kernel, self.args, self.constexprs, self.kind = reference, kernel, args, constexprs, kind
         self.at, self.two, self.data, self.probabilities, self.rename = at, two, data, probabilities, rename
         self.actions = "actions" in self.roles
+        self.plain = _PLAIN[self.limits]
 
     def variant(self, **changes) -> Op:
         """This op with some of its constructor's arguments changed."""
@@ -68,6 +69,45 @@ class Op:
         )  # fmt: skip
         given.update(changes)
         return Op(**given)
+
+
+# The fast path's test that a call's hyper-parameters are floats in range, as launched (anything else takes the
+# checks of _dispatch): one function per form of the hyper-parameters, since a loop over them costs a cached call
+# more host time than the whole test (docs/performance.md).
+
+
+def _plain_discount(h: tuple) -> bool:
+    (g,) = h
+    return type(g) is float and 0.0 <= g <= 1.0
+
+
+def _plain_discounts(h: tuple) -> bool:
+    g, lam = h
+    return type(g) is float and type(lam) is float and 0.0 <= g <= 1.0 and 0.0 <= lam <= 1.0
+
+
+def _plain_discount_bars(h: tuple) -> bool:
+    g, x, y = h
+    return type(g) is float and type(x) is float and type(y) is float and 0.0 <= g <= 1.0 and x >= 0.0 and y >= 0.0
+
+
+def _plain_discounts_bars(h: tuple) -> bool:
+    g, lam, x, y = h
+    return (
+        type(g) is float and type(lam) is float and type(x) is float and type(y) is float and 0.0 <= g <= 1.0
+        and 0.0 <= lam <= 1.0 and x >= 0.0 and y >= 0.0
+    )  # fmt: skip
+
+
+def _plain_bar(h: tuple) -> bool:
+    (x,) = h
+    return type(x) is float and x >= 0.0
+
+
+_PLAIN = {
+    (1.0,): _plain_discount, (1.0, 1.0): _plain_discounts, (1.0, None, None): _plain_discount_bars,
+    (1.0, 1.0, None, None): _plain_discounts_bars, (None,): _plain_bar,
+}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
