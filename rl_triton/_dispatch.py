@@ -264,7 +264,7 @@ def _fast_hypers(op: Op, hypers: tuple) -> tuple | None:
     fast path launches floats only)."""
     try:
         return tuple(
-            fast_discount(name, x) if hi else scalar(name, x, hi=None)
+            fast_discount(name, x) if hi == 1.0 else scalar(name, x, hi=None)
             for name, x, hi in zip(op.hypers, hypers, op.limits, strict=True)
         )
     except TensorDiscount:
@@ -275,7 +275,7 @@ def _prepared(op: Op, key, tensors: tuple, plan, hypers: tuple, rows):
     """The validated call: hyper-parameters, tensors (:func:`prepare`), per-step discounts, data checks, then
     :func:`run` on the chosen backend."""
     s = {
-        name: discount(name, x) if hi else scalar(name, x, hi=None)
+        name: discount(name, x) if hi == 1.0 else scalar(name, x, hi=None)
         for name, x, hi in zip(op.hypers, hypers, op.limits, strict=True)
     }
     s.update(op.consts)

@@ -24,7 +24,7 @@ from .utils import Op, acc, as_float, flag, hp
 # by the public functions (a float >= 0). Output: the traces or sums.
 TENSORS = (("inputs", "step"), ("dones", "flag"), ("seed_values", "env"))
 DIFFERENTIABLE = ("inputs", "seed_values")
-HYPERS = (("scale", None),)
+HYPERS = (("scale", 0.0),)
 
 
 # PyTorch path

@@ -25,7 +25,8 @@ class Op:
     ``"flag"``, ``"env"`` per-env, ``"action"`` per-action, ``"actions"`` the action indices); ``required`` the
     names that must be given; ``differentiable`` those autograd records (in the reference's names, after
     ``rename``). ``hypers``: the hyper-parameters' names in the order the public function passes them, with
-    ``1.0`` (a discount: in [0, 1], may be a tensor) or ``None`` (a float >= 0) each; ``consts`` fixed entries of
+    ``1.0`` (a discount: in [0, 1], may be a tensor), ``None`` (a float >= 0) or ``0.0`` (a float >= 0 the public
+    function has checked) each; ``consts`` fixed entries of
     the reference's hyper-parameter dict. ``reference(t, s, acc, scan)``: the PyTorch path. ``kernel``, ``args``
     (the argument builder: the tensors in key order, the outputs, N, T, the hyper-parameters), ``constexprs(p, s,
     two)`` (the kernel's own flags), ``kind(t)`` (the plan kind) and ``at`` (the launch key): the kernel path.
@@ -99,14 +100,13 @@ def _plain_discounts_bars(h: tuple) -> bool:
     )  # fmt: skip
 
 
-def _plain_bar(h: tuple) -> bool:
-    (x,) = h
-    return type(x) is float and x >= 0.0
+def _checked(h: tuple) -> bool:
+    return True
 
 
 _PLAIN = {
     (1.0,): _plain_discount, (1.0, 1.0): _plain_discounts, (1.0, None, None): _plain_discount_bars,
-    (1.0, 1.0, None, None): _plain_discounts_bars, (None,): _plain_bar,
+    (1.0, 1.0, None, None): _plain_discounts_bars, (0.0,): _checked,
 }  # fmt: skip
 
 
