@@ -1,16 +1,35 @@
-"""Backend choice and the bridge between the fused kernels and autograd."""
+"""The generic call path of the public functions (:func:`call`, driven by an algorithm's
+:class:`rl_triton.ops.utils.Op`), backend choice, and the bridge between the fused kernels and autograd."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import _config
-from ._validation import Entry, Prepared
+from ._validation import (
+    _CACHE,
+    _UNKNOWN,
+    Entry,
+    Prepared,
+    TensorDiscount,
+    check_data,
+    check_probabilities,
+    discount,
+    fast_discount,
+    per_step,
+    prepare,
+    scalar,
+    signature,
+)
 from .scan import linear_scan, torch_scan
+
+if TYPE_CHECKING:
+    from .ops.utils import Op
 
 BACKENDS = ("auto", "torch", "triton")
 _backend: contextvars.ContextVar[str] = contextvars.ContextVar("rl_triton_backend", default="auto")
@@ -109,9 +128,7 @@ TorchAlgo = Callable[..., tuple]
 
 
 def _kernel_scan(a, b, init, reverse):
-    from .kernels.launch import linear_scan as raw
-
-    return linear_scan(a, b, init, reverse, raw)
+    return linear_scan(a, b, init, reverse, (_LAUNCH or _launcher()).linear_scan)
 
 
 def _torch_scan(a, b, init, reverse):
@@ -193,3 +210,109 @@ class _KernelWithGrad(torch.autograd.Function):
             found = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
         found = iter(found)
         return (None,) * 5 + tuple(next(found) if need else None for need in needs)
+
+
+# The public functions' call path. Each public function hands its tensors (in the validation cache key's order)
+# and hyper-parameters to :func:`call`. A call without ``plan`` whose cache entry needs nothing but the launch
+# (:func:`launchable`) and keeps it (under ``op.at``, filed by :func:`_kernel`) checks the hyper-parameters,
+# allocates the outputs and launches: Prepared, the closures and the launchers' lookups are what a validated
+# signature would spend on them every time (host time: docs/performance.md). Anything else takes
+# :func:`_prepared`, with the key already built.
+
+
+_LAUNCH = None
+
+
+def _launcher():
+    """:mod:`rl_triton.kernels.launch`, imported by the first kernel call (it imports Triton), then a global."""
+    global _LAUNCH
+    from .kernels import launch
+
+    _LAUNCH = launch
+    return launch
+
+
+def call(op: Op, tensors: tuple, plan, hypers: tuple, rows=None):
+    """Runs ``op`` on ``tensors`` (the key's order; ``rows``: prepare's) with ``hypers`` (``op.hypers``' order);
+    returns its output, or its two outputs."""
+    key = signature(op.fn, op.required, rows, tensors)
+    if plan is None:
+        e = _CACHE.get(key)
+        if launchable(e, tensors, op.diff_at):
+            kept = e.plans.get(op.at)
+            if kept is not None:
+                checked = hypers if op.plain(hypers) else _fast_hypers(op, hypers)
+                if checked is not None:
+                    like = tensors[e.like_at]
+                    out = torch.empty_like(like)
+                    # a kept launch was built by _kernel, which imported the launcher
+                    if op.two:
+                        second = torch.empty_like(like)
+                        _LAUNCH.run(kept, op.args(*tensors, out, second, e.num_envs, e.seq_len, *checked))
+                        return out, second
+                    _LAUNCH.run(kept, op.args(*tensors, out, out, e.num_envs, e.seq_len, *checked))
+                    return out
+    return _prepared(op, key, tensors, plan, hypers, rows)
+
+
+def _fast_hypers(op: Op, hypers: tuple) -> tuple | None:
+    """The hyper-parameters checked as :func:`_prepared` checks them, or None for a tensor gamma/lambda_ (the
+    fast path launches floats only)."""
+    try:
+        return tuple(
+            fast_discount(name, x) if hi == 1.0 else scalar(name, x, hi=None)
+            for name, x, hi in zip(op.hypers, hypers, op.limits, strict=True)
+        )
+    except TensorDiscount:
+        return None
+
+
+def _prepared(op: Op, key, tensors: tuple, plan, hypers: tuple, rows):
+    """The validated call: hyper-parameters, tensors (:func:`prepare`), per-step discounts, data checks, then
+    :func:`run` on the chosen backend."""
+    s = {
+        name: discount(name, x) if hi == 1.0 else scalar(name, x, hi=None)
+        for name, x, hi in zip(op.hypers, hypers, op.limits, strict=True)
+    }
+    s.update(op.consts)
+    given: dict = {"step": {}, "flag": {}, "env": {}, "action": {}, "actions": {}}
+    for name, role, x in zip(op.names, op.roles, tensors, strict=True):
+        given[role][name] = x
+    actions = next(iter(given["actions"].items()), None)
+    if actions is not None and key not in _CACHE:
+        key = _UNKNOWN  # the cache never keeps CPU actions (_validation.cacheable_actions): prepare decides
+    p = prepare(
+        op.fn, steps=given["step"], flags=given["flag"], per_env=given["env"], per_action=given["action"],
+        actions=actions, required=op.required, rows=rows, key=key,
+    )  # fmt: skip
+    for name in op.discounts:
+        if type(s[name]) is not float:
+            per_step(p, s)  # a per-env or per-step gamma or lambda_
+            break
+    if op.data is not None:
+        term, trunc, boot = op.data
+        check_data(p, term=term, trunc=trunc, boot=boot)
+    if op.probabilities is not None:
+        check_probabilities(p, *op.probabilities)
+    if op.rename is not None:
+        p.tensors[op.rename[1]] = p.tensors.pop(op.rename[0])
+
+    def kernel():
+        return _kernel(op, p, s, plan)
+
+    outs = run(p, op.reference, s, kernel, op.differentiable, 2 if op.two else 1)
+    return (p.finish(outs[0]), p.finish(outs[1])) if op.two else p.finish(outs[0])
+
+
+def _kernel(op: Op, p: Prepared, s: dict, plan) -> tuple:
+    """Launches ``op``'s kernel for the validated call ``p`` (``s``: its hyper-parameters, a gamma/lambda_ tensor
+    as its (N, T) view), filing the launch under ``op.at`` (extended for tensor discounts: launch.launch_key)."""
+    launch = _LAUNCH or _launcher()
+    t = p.tensors
+    out = p.new_output()
+    second = p.new_output() if op.two else out
+    hypers = [s[name] for name in op.hypers]
+    args = op.args(*[t.get(name) for name in op.kernel_names], out, second, p.num_envs, p.seq_len, *hypers)
+    key = launch.launch_key(op.at, *[s[name] for name in op.discounts])
+    launch.start(p, op.kind(t), op.kernel, key, lambda: op.constexprs(p, s, op.two), args, plan)
+    return (out, second) if op.two else (out,)

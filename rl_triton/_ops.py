@@ -8,7 +8,7 @@ tensor arguments, its float hyper-parameters and its string options; at run time
 eager function. ``gamma`` and ``lambda_``, which may be floats or tensors (per-env or per-step), have a
 float slot and a tensor slot each: a tensor goes in the tensor slot (never differentiated), a number in the
 float slot. The check is the first statement of each public function, not a wrapper around it:
-a wrapper's ``*args, **kwargs`` cost every eager call ~0.8 us.
+a wrapper's ``*args, **kwargs`` would cost every eager call host time (docs/performance.md).
 
 Gradients go through a second opaque op, ``rl_triton::call_backward``, which re-runs
 the eager function under autograd (the same path eager backward uses), so AOTAutograd never

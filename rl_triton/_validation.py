@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from . import _config
+from .kernels import plans
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -41,7 +42,7 @@ class Prepared:
     # The launch plans of this call signature (kernels/launch.py), shared by every call that hits
     # the same validation cache entry; None when the signature is not cached.
     plans: dict | None = None
-    device_type: str = ""  # device.type, read once per signature (torch.device.type costs ~0.3 us)
+    device_type: str = ""  # device.type, read once per signature (host time: docs/performance.md)
     # A (num_envs, seq_len) contiguous tensor of the output dtype and device (the first per-step
     # input), which new_output allocates like; None: allocate from the fields above.
     like: torch.Tensor | None = None
@@ -205,17 +206,6 @@ def per_step_view(
     return rows
 
 
-def kernel_discount(value: float | torch.Tensor) -> tuple[torch.Tensor | None, float, int, int]:
-    """gamma or lambda_ as a kernel reads it: ``(tensor or None, float, stride_n, stride_t)``. A float gives
-    ``(None, value, 0, 0)``; a per-step view (:func:`per_step_view`) ``(view, 0.0, s_n, s_t)`` with its strides
-    in elements: ``s_t = 0`` for a per-env tensor, and the element of env n at step t is at
-    ``view.data_ptr() + (n * s_n + t * s_t) * view.element_size()``, in ``view.dtype`` (any float dtype)."""
-    if type(value) is float:
-        return None, value, 0, 0
-    s_n, s_t = value.stride()
-    return value, 0.0, s_n, s_t
-
-
 def _perf_warn(name: str, what: str) -> None:
     if _config.PERF_WARNINGS:
         warnings.warn(
@@ -269,8 +259,6 @@ def _time_major(steps: dict, flags: dict, per_action: dict, actions, dtype: torc
         given.append(actions[1])
     if not given or not all(_is_time_major(t) for t in given):
         return False
-    from .kernels import plans  # imports Triton: only for calls that are time-major
-
     num_actions = next((t.shape[-1] for t in per_action.values() if t is not None), 0)
     return plans.reads_time_major_in_place(*given[0].shape[:2], num_actions, dtype)
 

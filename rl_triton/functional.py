@@ -29,110 +29,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import _ops, _validation, reference
-from ._dispatch import launchable, run
+from . import _ops, ops
+from ._dispatch import call
 from ._ops import compilable, is_compiling
-from ._validation import (
-    _UNKNOWN,
-    TensorDiscount,
-    check_data,
-    check_probabilities,
-    discount,
-    fast_discount,
-    per_step,
-    prepare,
-    scalar,
-    signature,
-)
+from ._validation import scalar
 
 if TYPE_CHECKING:
     from .kernels.plans import Plan
 
-# Fast paths. Each function first builds its validation cache key (_validation.signature, the tensors in the
-# order prepare's key takes them). A hit that needs nothing but the launch (_dispatch.launchable) and whose
-# launch the cache entry already keeps (kernels/launch.py, the key _start files it under) checks the
-# hyper-parameters, allocates the outputs and launches: the steps in between (Prepared, the run/kernel
-# closures, the launchers' dict lookups) are what a call of a validated signature would spend on them
-# every time. Anything else takes the prepared path, with the key already built.
-
-_BOOT_DIFF = ("bootstrap_values", "last_value")
-# per-call constants (a tuple built in the call would be rebuilt, and hashed by the validation cache, every time)
-_GAE_REQUIRED = {
-    False: ("rewards", "values", "terminateds"),
-    True: ("rewards", "values", "terminateds", "bootstrap_values"),
-}
-_GAE_PLAIN, _GAE_NEXT = _GAE_REQUIRED[False], _GAE_REQUIRED[True]
-_GAE_DIFF = ("rewards", "values", *_BOOT_DIFF)
-_VTRACE_REQUIRED = ("log_pi_target", "log_pi_behavior", "values", "rewards", "terminateds")
-_RETRACE_REQUIRED = (
-    "action_probs_target", "action_probs_behavior", "q_values", "next_q_values_all", "actions", "rewards",
-    "terminateds", "truncateds",
-)  # fmt: skip
-_RETURNS_REQUIRED = ("rewards", "terminateds")
-_LAMBDA_REQUIRED = ("rewards", "next_values", "terminateds")
-_RWA_REQUIRED = ("rewards", "values", "terminateds")
-_RWA_DIFF = ("rewards", "values", "next_values", "bootstrap_values")
-_REQUIRED_TRACE = {"gradients": ("gradients", "dones"), "inputs": ("inputs", "dones")}
-# positions of the differentiable inputs in each fast path's tensors (autograd takes the prepared path)
-_GAE_AT = (0, 1, 2, 5)  # rewards, values, bootstrap_values, last_value
-_VTRACE_AT = (2, 3, 4, 7)  # values, rewards, bootstrap_values, last_value
-_RETRACE_AT = (1, 2, 6)  # q_values, rewards, next_q_values_all
-_TRACE_AT = (0, 2)  # inputs, seed_values
-# the keys the launchers file each function's launch under in the cache entry (kernels/launch.py, _start)
-_GAE_LAUNCH = ("gae", False, False)
-_GAE_NEXT_LAUNCH = {False: ("gae", True, False), True: ("gae", True, True)}  # by targets
-_VTRACE_LAUNCH = {False: ("vtrace", False), True: ("vtrace", True)}  # by next_all
-_RETRACE_LAUNCH = ("retrace",)
-_RETURNS_LAUNCH = ("returns", False)
-_RWA_LAUNCH = ("returns", True)
-_TRACE_LAUNCH = {False: ("forward_trace", False), True: ("forward_trace", True)}  # by starts_at
-_LAUNCH = None
-
-
-def _launchers():
-    """:mod:`rl_triton.kernels.launch`, imported on first use (it imports Triton); a module global
-    after that, because an import statement costs ~0.7 us on every call."""
-    global _LAUNCH
-    if _LAUNCH is None:
-        from .kernels import launch
-
-        _LAUNCH = launch
-    return _LAUNCH
-
-
-def _fast(key, plan, tensors, diff_at, at, build, inputs, two, gamma, lambda_=None, bars=()):
-    """The fast path: for a call without ``plan`` whose validation cache entry (filed under ``key``) is
-    :func:`launchable` (``diff_at``: the differentiable inputs' positions in ``tensors``), the launch the entry
-    keeps under ``at``. Checks gamma, then lambda_ (None: the function has none), then the ``(name, value)``
-    clipping ``bars`` as the prepared path does, allocates the output like ``tensors[e.like_at]`` (and a second
-    one when ``two``) and launches with the arguments the launchers' ``build`` makes of ``inputs``. None where
-    the prepared path must run: a plan, a miss, an entry that cannot launch directly, no kept launch, a tensor
-    gamma/lambda_."""
-    if plan is not None:
-        return None
-    e = _validation._CACHE.get(key)
-    if not launchable(e, tensors, diff_at):
-        return None
-    launch = e.plans.get(at)
-    if launch is None:
-        return None
-    try:
-        g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else fast_discount("gamma", gamma)
-        if lambda_ is not None:
-            lam = lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else fast_discount("lambda_", lambda_)
-            g = (g, lam)
-        else:
-            g = (g,)
-    except TensorDiscount:
-        return None  # a tensor gamma/lambda_: the prepared path
-    for name, x in bars:
-        g += (x if type(x) is float and x >= 0.0 else scalar(name, x, hi=None),)
-    like = tensors[e.like_at]
-    out = torch.empty_like(like)
-    second = torch.empty_like(like) if two else out
-    k = _LAUNCH or _launchers()
-    k._run(launch, getattr(k, build)(*inputs, out, second, e.num_envs, e.seq_len, *g))
-    return (out, second) if two else out
+# Each function below checks what is its own (torch.compile's op, exclusive arguments), then hands its algorithm's
+# spec (ops/<algorithm>.py, imported on first use: it imports Triton), its tensors in the validation cache key's
+# order (TENSORS there) and its hyper-parameters to the generic call path, _dispatch.call.
 
 
 def _check_bootstrap(fn: str, truncateds, bootstrap_values, last_value) -> None:
@@ -198,55 +105,11 @@ def compute_gae(
             "compute_gae", rewards, values, terminateds, truncateds, gamma=gamma, lambda_=lambda_,
             bootstrap_values=bootstrap_values, last_value=last_value, plan=plan,
         )  # fmt: skip
-    fn = "compute_gae"
     if last_value is not None:
-        _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
-    tensors = (rewards, values, bootstrap_values, terminateds, truncateds, last_value)
-    key = signature(fn, _GAE_PLAIN, None, tensors)
-    out = _fast(
-        key, plan, tensors, _GAE_AT, _GAE_LAUNCH, "gae_args",
-        (rewards, values, terminateds, truncateds, bootstrap_values, last_value), False, gamma, lambda_,
-    )  # fmt: skip
-    if out is not None:
-        return out
-    return _gae(
-        fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, False, plan=plan,
-        key=key,
-    )  # fmt: skip
-
-
-def _gae(
-    fn, rewards, values, terminateds, truncateds, gamma, lambda_, bootstrap_values, last_value, next_all, targets=False,
-    rows=None, plan=None, key=_UNKNOWN,
-):  # fmt: skip
-    s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_), "next_all": next_all}
-    p = prepare(
-        fn,
-        steps={"rewards": rewards, "values": values, "bootstrap_values": bootstrap_values},
-        flags={"terminateds": terminateds, "truncateds": truncateds},
-        per_env={"last_value": last_value},
-        required=_GAE_REQUIRED[next_all],
-        rows=rows,
-        key=key,
+        _check_bootstrap("compute_gae", truncateds, bootstrap_values, last_value)
+    return call(
+        ops.gae.GAE, (rewards, values, bootstrap_values, terminateds, truncateds, last_value), plan, (gamma, lambda_)
     )
-    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
-        per_step(p, s)  # a per-env or per-step gamma or lambda_
-    if not next_all:
-        check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
-    if targets:
-
-        def both():
-            return _launchers().gae(p, s["gamma"], s["lambda_"], next_all, True, plan)
-
-        adv, tgt = run(p, reference.gae_targets, s, both, _GAE_DIFF, 2)
-        return p.finish(adv), p.finish(tgt)
-
-    def kernel():
-        launch = _launchers()
-        return (launch.gae(p, s["gamma"], s["lambda_"], next_all, plan=plan),)
-
-    (adv,) = run(p, reference.gae, s, kernel, _GAE_DIFF, 1)
-    return p.finish(adv)
 
 
 def gae_with_next_values(
@@ -268,18 +131,8 @@ def gae_with_next_values(
     if is_compiling() and _ops.tracing():
         name = "_gae_next_targets" if targets else "_gae_next"
         return _traced_rows(name, rows, rewards, (rewards, values, next_values, terminateds, dones), gamma, lambda_)
-    fn = "gae_with_next_values"
-    tensors = (rewards, values, next_values, terminateds, dones, None)
-    key = signature(fn, _GAE_NEXT, rows, tensors)
-    out = _fast(
-        key, plan, tensors, _GAE_AT, _GAE_NEXT_LAUNCH[bool(targets)], "gae_args",
-        (rewards, values, terminateds, dones, next_values, None), targets, gamma, lambda_,
-    )  # fmt: skip
-    if out is not None:
-        return out
-    return _gae(
-        fn, rewards, values, terminateds, dones, gamma, lambda_, next_values, None, True, targets, rows, plan, key=key
-    )
+    op = ops.gae.GAE_NEXT_TARGETS if targets else ops.gae.GAE_NEXT
+    return call(op, (rewards, values, next_values, terminateds, dones, None), plan, (gamma, lambda_), rows)
 
 
 @compilable(like="rewards", n_out=2)
@@ -343,59 +196,12 @@ def compute_vtrace(
             "compute_vtrace", log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma=gamma,
             rho_bar=rho_bar, c_bar=c_bar, bootstrap_values=bootstrap_values, last_value=last_value, plan=plan,
         )  # fmt: skip
-    fn = "compute_vtrace"
     if last_value is not None:
-        _check_bootstrap(fn, truncateds, bootstrap_values, last_value)
-    return _vtrace(
-        fn, log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma, rho_bar, c_bar,
-        bootstrap_values, last_value, False, plan,
+        _check_bootstrap("compute_vtrace", truncateds, bootstrap_values, last_value)
+    return call(
+        ops.vtrace.VTRACE, (log_pi_target, log_pi_behavior, values, rewards, bootstrap_values, terminateds, truncateds,
+                 last_value), plan, (gamma, rho_bar, c_bar),
     )  # fmt: skip
-
-
-def _vtrace(
-    fn, log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, gamma, rho_bar, c_bar,
-    bootstrap_values, last_value, next_all, plan=None,
-):  # fmt: skip
-    tensors = (log_pi_target, log_pi_behavior, values, rewards, bootstrap_values, terminateds, truncateds, last_value)
-    key = signature(fn, _VTRACE_REQUIRED, None, tensors)
-    out = _fast(
-        key, plan, tensors, _VTRACE_AT, _VTRACE_LAUNCH[next_all], "vtrace_args",
-        (log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds, bootstrap_values, last_value),
-        True, gamma, None, (("rho_bar", rho_bar), ("c_bar", c_bar)),
-    )  # fmt: skip
-    if out is not None:
-        return out
-    s = {
-        "gamma": discount("gamma", gamma),
-        "rho_bar": scalar("rho_bar", rho_bar, hi=None),
-        "c_bar": scalar("c_bar", c_bar, hi=None),
-        "next_all": next_all,
-    }
-    p = prepare(
-        fn,
-        steps={
-            "log_pi_target": log_pi_target,
-            "log_pi_behavior": log_pi_behavior,
-            "values": values,
-            "rewards": rewards,
-            "bootstrap_values": bootstrap_values,
-        },
-        flags={"terminateds": terminateds, "truncateds": truncateds},
-        per_env={"last_value": last_value},
-        required=_VTRACE_REQUIRED,
-        key=key,
-    )
-    if type(s["gamma"]) is not float:
-        per_step(p, s)  # a per-env or per-step gamma
-    if not next_all:
-        check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
-
-    def kernel():
-        launch = _launchers()
-        return launch.vtrace(p, s["gamma"], s["rho_bar"], s["c_bar"], next_all, plan)
-
-    vs, adv = run(p, reference.vtrace, s, kernel, _GAE_DIFF, 2)
-    return p.finish(vs), p.finish(adv)
 
 
 def vtrace_with_next_values(
@@ -411,9 +217,9 @@ def vtrace_with_next_values(
             (log_pi_target, log_pi_behavior, values, next_values, rewards, terminateds, dones),
             {"gamma": gamma, "rho_bar": rho_bar, "c_bar": c_bar},
         )
-    return _vtrace(
-        "vtrace_with_next_values", log_pi_target, log_pi_behavior, values, rewards, terminateds, dones, gamma,
-        rho_bar, c_bar, next_values, None, True, plan,
+    return call(
+        ops.vtrace.VTRACE_NEXT, (log_pi_target, log_pi_behavior, values, rewards, next_values, terminateds, dones,
+                                 None), plan, (gamma, rho_bar, c_bar),
     )  # fmt: skip
 
 
@@ -479,51 +285,10 @@ def compute_retrace(
             rewards, terminateds, truncateds, gamma=gamma, lambda_=lambda_, c_bar=c_bar, rho_bar=rho_bar,
             next_action_probs_target=next_action_probs_target, plan=plan,
         )  # fmt: skip
-    fn = "compute_retrace"
-    tensors = (
-        action_probs_behavior, q_values, rewards, terminateds, truncateds, action_probs_target, next_q_values_all,
-        next_action_probs_target, actions,
+    return call(
+        ops.retrace.RETRACE, (action_probs_behavior, q_values, rewards, terminateds, truncateds, action_probs_target,
+                  next_q_values_all, next_action_probs_target, actions), plan, (gamma, lambda_, c_bar, rho_bar),
     )  # fmt: skip
-    key = signature(fn, _RETRACE_REQUIRED, None, tensors)
-    # the cache never keeps a call with CPU actions (_validation.cacheable_actions): a miss leaves that to prepare
-    out = _fast(
-        key, plan, tensors, _RETRACE_AT, _RETRACE_LAUNCH, "retrace_args",
-        (action_probs_target, next_action_probs_target, action_probs_behavior, q_values, next_q_values_all, actions,
-         rewards, terminateds, truncateds),
-        True, gamma, lambda_, (("c_bar", c_bar), ("rho_bar", rho_bar)),
-    )  # fmt: skip
-    if out is not None:
-        return out
-    s = {
-        "gamma": discount("gamma", gamma),
-        "lambda_": discount("lambda_", lambda_),
-        "c_bar": scalar("c_bar", c_bar, hi=None),
-        "rho_bar": scalar("rho_bar", rho_bar, hi=None),
-    }
-    p = prepare(
-        fn,
-        steps={"action_probs_behavior": action_probs_behavior, "q_values": q_values, "rewards": rewards},
-        flags={"terminateds": terminateds, "truncateds": truncateds},
-        per_action={
-            "action_probs_target": action_probs_target,
-            "next_q_values_all": next_q_values_all,
-            "next_action_probs_target": next_action_probs_target,
-        },
-        actions=("actions", actions),
-        required=_RETRACE_REQUIRED,
-        key=key if key in _validation._CACHE else _UNKNOWN,
-    )
-    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
-        per_step(p, s)  # a per-env or per-step gamma or lambda_
-    check_data(p, term="terminateds", trunc="truncateds")
-    check_probabilities(p, ("action_probs_target", "next_action_probs_target"), "action_probs_behavior")
-
-    def kernel():
-        launch = _launchers()
-        return launch.retrace(p, s["gamma"], s["lambda_"], s["c_bar"], s["rho_bar"], plan)
-
-    qt, adv = run(p, reference.retrace, s, kernel, ("rewards", "q_values", "next_q_values_all"), 2)
-    return p.finish(qt), p.finish(adv)
 
 
 @compilable(like="rewards", n_out=1)
@@ -569,33 +334,9 @@ def compute_discounted_returns(
             "compute_discounted_returns", rewards, terminateds, truncateds, gamma=gamma,
             bootstrap_values=bootstrap_values, plan=plan,
         )  # fmt: skip
-    fn = "compute_discounted_returns"
-    tensors = (rewards, bootstrap_values, terminateds, truncateds)
-    key = signature(fn, _RETURNS_REQUIRED, None, tensors)
-    out = _fast(
-        key, plan, tensors, (0, 1), _RETURNS_LAUNCH, "returns_args",
-        (rewards, None, terminateds, truncateds, bootstrap_values, None), False, gamma, 1.0,
-    )  # fmt: skip
-    if out is not None:
-        return out
-    s = {"gamma": discount("gamma", gamma), "lambda_": 1.0}
-    p = prepare(
-        fn,
-        steps={"rewards": rewards, "bootstrap_values": bootstrap_values},
-        flags={"terminateds": terminateds, "truncateds": truncateds},
-        required=_RETURNS_REQUIRED,
-        key=key,
+    return call(
+        ops.returns.DISCOUNTED_RETURNS, (rewards, bootstrap_values, terminateds, truncateds), plan, (gamma, 1.0)
     )
-    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
-        per_step(p, s)  # a per-env or per-step gamma or lambda_
-    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
-
-    def kernel():
-        launch = _launchers()
-        return (launch.returns(p, s["gamma"], 1.0, plan=plan),)
-
-    (g,) = run(p, reference.lambda_returns, s, kernel, ("rewards", "bootstrap_values"), 1)
-    return p.finish(g)
 
 
 @compilable(like="rewards", n_out=1)
@@ -642,33 +383,12 @@ def compute_lambda_returns(
             "compute_lambda_returns", rewards, next_values, terminateds, truncateds, gamma=gamma, lambda_=lambda_,
             bootstrap_values=bootstrap_values, plan=plan,
         )  # fmt: skip
-    fn = "compute_lambda_returns"
-    tensors = (rewards, next_values, bootstrap_values, terminateds, truncateds)
-    key = signature(fn, _LAMBDA_REQUIRED, None, tensors)
-    out = _fast(
-        key, plan, tensors, (0, 1, 2), _RETURNS_LAUNCH, "returns_args",
-        (rewards, next_values, terminateds, truncateds, bootstrap_values, None), False, gamma, lambda_,
-    )  # fmt: skip
-    if out is not None:
-        return out
-    s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_)}
-    p = prepare(
-        fn,
-        steps={"rewards": rewards, "next_values": next_values, "bootstrap_values": bootstrap_values},
-        flags={"terminateds": terminateds, "truncateds": truncateds},
-        required=_LAMBDA_REQUIRED,
-        key=key,
+    return call(
+        ops.returns.LAMBDA_RETURNS,
+        (rewards, next_values, bootstrap_values, terminateds, truncateds),
+        plan,
+        (gamma, lambda_),
     )
-    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
-        per_step(p, s)  # a per-env or per-step gamma or lambda_
-    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
-
-    def kernel():
-        launch = _launchers()
-        return (launch.returns(p, s["gamma"], s["lambda_"], plan=plan),)
-
-    (g,) = run(p, reference.lambda_returns, s, kernel, ("rewards", "next_values", "bootstrap_values"), 1)
-    return p.finish(g)
 
 
 def returns_with_advantages(
@@ -683,33 +403,10 @@ def returns_with_advantages(
     if is_compiling() and _ops.tracing():
         shaped = (rewards, values, terminateds, truncateds, next_values, bootstrap_values)
         return _traced_rows("_returns_advantages", rows, rewards, shaped, gamma, lambda_)
-    fn = "returns_with_advantages"
-    tensors = (rewards, values, next_values, bootstrap_values, terminateds, truncateds)
-    key = signature(fn, _RWA_REQUIRED, rows, tensors)
-    out = _fast(
-        key, plan, tensors, (0, 1, 2, 3), _RWA_LAUNCH, "returns_args",
-        (rewards, next_values, terminateds, truncateds, bootstrap_values, values), True, gamma, lambda_,
+    return call(
+        ops.returns.RETURNS_WITH_ADVANTAGES, (rewards, values, next_values, bootstrap_values, terminateds,
+                                              truncateds), plan, (gamma, lambda_), rows,
     )  # fmt: skip
-    if out is not None:
-        return out
-    s = {"gamma": discount("gamma", gamma), "lambda_": discount("lambda_", lambda_)}
-    p = prepare(
-        fn,
-        steps={"rewards": rewards, "values": values, "next_values": next_values, "bootstrap_values": bootstrap_values},
-        flags={"terminateds": terminateds, "truncateds": truncateds},
-        required=_RWA_REQUIRED,
-        rows=rows,
-        key=key,
-    )
-    if type(s["gamma"]) is not float or type(s["lambda_"]) is not float:
-        per_step(p, s)  # a per-env or per-step gamma or lambda_
-    check_data(p, term="terminateds", trunc="truncateds", boot="bootstrap_values")
-
-    def kernel():
-        return _launchers().returns(p, s["gamma"], s["lambda_"], True, plan)
-
-    g, adv = run(p, reference.returns_advantages, s, kernel, _RWA_DIFF, 2)
-    return p.finish(g), p.finish(adv)
 
 
 # torch.compile: the TorchRL-form functions above as rl_triton::call ops (registered under these private names),
@@ -769,45 +466,9 @@ def _returns_advantages(
 
 
 def _scale(gamma, lambda_) -> float:
-    """The traces' gamma * lambda; 1.0 for the prefix sums (gamma None)."""
-    if gamma is None:
-        return 1.0
+    """The traces' gamma * lambda, checked before their tensors (as ever)."""
     g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
     return g * (lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_))
-
-
-def _forward_trace(fn: str, x_name: str, x, dones, seed_values, gamma, lambda_, starts_at: bool, plan=None):
-    """The forward scans, scaled by :func:`_scale` (checked before the prepared path's tensors, as ever)."""
-    tensors = (x, dones, seed_values)
-    required = _REQUIRED_TRACE[x_name]
-    key = signature(fn, required, None, tensors)
-    e = _validation._CACHE.get(key)
-    if plan is None and launchable(e, tensors, _TRACE_AT):
-        launch = e.plans.get(_TRACE_LAUNCH[starts_at])
-        if launch is not None:
-            gl = _scale(gamma, lambda_)
-            out = torch.empty_like(x)
-            k = _LAUNCH or _launchers()
-            k._run(launch, k.forward_args(x, dones, seed_values, out, e.num_envs, e.seq_len, gl))
-            return out
-    s = {"scale": _scale(gamma, lambda_), "starts_at": starts_at}
-    p = prepare(
-        fn,
-        steps={x_name: x},
-        flags={"dones": dones},
-        per_env={"seed_values": seed_values},
-        required=required,
-        key=key,
-    )
-    check_data(p)
-    p.tensors["inputs"] = p.tensors.pop(x_name)
-
-    def kernel():
-        launch = _launchers()
-        return (launch.forward_trace(p, s["scale"], s["starts_at"], plan),)
-
-    (y,) = run(p, reference.forward_trace, s, kernel, ("inputs", "seed_values"), 1)
-    return p.finish(y)
 
 
 @compilable(like="gradients", n_out=1)
@@ -851,9 +512,7 @@ def compute_eligibility_traces(
             "compute_eligibility_traces", gradients, dones, gamma=gamma, lambda_=lambda_, seed_values=seed_values,
             plan=plan,
         )  # fmt: skip
-    return _forward_trace(
-        "compute_eligibility_traces", "gradients", gradients, dones, seed_values, gamma, lambda_, False, plan
-    )
+    return call(ops.forward.ELIGIBILITY_TRACES, (gradients, dones, seed_values), plan, (_scale(gamma, lambda_),))
 
 
 @compilable(like="inputs", n_out=1)
@@ -900,6 +559,5 @@ def compute_episodic_prefix_sum(
         )
     if boundary not in ("ends_at", "starts_at"):
         raise ValueError(f"compute_episodic_prefix_sum: boundary must be 'ends_at' or 'starts_at', got {boundary!r}")
-    return _forward_trace(
-        "compute_episodic_prefix_sum", "inputs", inputs, dones, seed_values, None, None, boundary == "starts_at", plan
-    )
+    op = ops.forward.PREFIX_SUM_STARTS_AT if boundary == "starts_at" else ops.forward.PREFIX_SUM
+    return call(op, (inputs, dones, seed_values), plan, (1.0,))

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import rl_triton as R
-from rl_triton import _config, _ops, _validation
+from rl_triton import _config, _dispatch, _ops, _validation
 from rl_triton import functional as F
 from rl_triton.kernels import launch, plans
+from rl_triton.ops import gae
+from rl_triton.ops.utils import hp
 
 N, T = 5, 12
 
@@ -39,7 +41,7 @@ def _no_prepare(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the fast path should have taken this call")
 
-    monkeypatch.setattr(F, "prepare", boom)
+    monkeypatch.setattr(_dispatch, "prepare", boom)
 
 
 def _inputs(shape=(N, T), dtype=torch.float32, seed=0):
@@ -179,7 +181,7 @@ def test_hyper_parameters_reach_the_launch(recorded):
         R.compute_gae(r, v, term, gamma=gamma, lambda_=lam)
         ((_, _, args),) = recorded
         # each discount: a float's halves, then the pointer and strides a tensor's kernel reads
-        assert args[10:12] == launch.hp(float(gamma)) and args[15:17] == launch.hp(float(lam))
+        assert args[10:12] == hp(float(gamma)) and args[15:17] == hp(float(lam))
 
 
 def test_the_bootstrap_checks_run_on_every_call(recorded):
@@ -190,7 +192,7 @@ def test_the_bootstrap_checks_run_on_every_call(recorded):
     _validation.prepare(
         "compute_gae", steps={"rewards": r, "values": v, "bootstrap_values": None},
         flags={"terminateds": term, "truncateds": trunc}, per_env={"last_value": lv},
-        required=F._GAE_PLAIN,
+        required=gae.REQUIRED,
     )  # fmt: skip
     with pytest.raises(ValueError, match="cannot be combined with 'truncateds'"):
         R.compute_gae(r, v, term, trunc, gamma=0.9, lambda_=0.8, last_value=lv)
@@ -290,7 +292,7 @@ def test_an_explicit_plan_is_launched_and_cached_beside_the_chosen_one(recorded)
     assert ("gae", False, False, other) in entry.plans
     recorded.clear()
     R.compute_gae(r, v, term, gamma=0.9, lambda_=0.8)
-    assert recorded[0][0] is entry.plans[F._GAE_LAUNCH]
+    assert recorded[0][0] is entry.plans[gae.GAE.at]
 
 
 def test_the_ops_eager_calls_do_not_emit_the_op_again(monkeypatch):

@@ -235,7 +235,8 @@ def test_caps_are_launch_options(monkeypatch):
     """A cap is Triton's maxnreg launch option (not a kernel argument) on single-pass and look-back launches,
     never on two passes; a ROCm build of PyTorch launches without any (Triton's AMD backend has no such
     option)."""
-    from rl_triton.kernels import fused, launch
+    from rl_triton.kernels import launch
+    from rl_triton.ops import gae
 
     class Call:
         num_envs, seq_len, dtype, device, time_major = 64, 512, torch.float32, torch.device("cpu"), False
@@ -243,7 +244,7 @@ def test_caps_are_launch_options(monkeypatch):
     def options(plan, t=512):
         call = Call()
         call.seq_len = t
-        built = launch._build(fused.gae_kernel, plan, call, {}, False)
+        built = launch._build(gae.gae_kernel, plan, call, {}, False)
         return [c.get("maxnreg") for _grid, c, _warps in built.launches]
 
     capped = Plan(1, 512, 4, maxnreg=48)

@@ -1,10 +1,3 @@
-"""Triton kernels: the shared scan core (:mod:`.core`), the fused per-algorithm kernels
-(:mod:`.fused`) and their launchers (:mod:`.launch`)."""
-
-from .. import _config
-from . import core
-
-if _config.INTERPRET:
-    from ._interpret import install
-
-    install(core.linear_combine, core.linear_combine_next, core.plain_combine, core.plain_combine_next)
+"""Triton kernels' shared machinery: launch plans as data (:mod:`.plans`, no Triton), the scan and the loop that
+drives it (:mod:`.core`) and the launcher (:mod:`.launch`). The algorithms are in :mod:`rl_triton.ops`. Nothing
+is imported here, so that ``import rl_triton.kernels.plans`` does not import Triton."""

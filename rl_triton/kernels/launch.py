@@ -11,36 +11,23 @@ cache keys on, so it is computed once per signature into a :class:`_Launch` kept
 from __future__ import annotations
 
 import contextlib
-import functools
-import warnings
 from typing import NamedTuple
 
-import numpy as np
 import torch
-import triton.language as tl
 
 from .. import _config
-from .._validation import kernel_discount
-from . import core, fused, plans
+from ..ops.utils import acc
+from . import core, plans
 from .plans import Form, Phase, Plan, Split
 
+if _config.INTERPRET:
+    from ._interpret import install
 
-@functools.lru_cache(maxsize=256)
-def hp(x: float) -> tuple[float, float]:
-    """``x`` as float32 ``(hi, lo)`` with ``hi + lo`` equal to ``x`` to ~1e-15 relative (Triton passes
-    Python floats as float32)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # overflow to inf is fine: hi carries it
-        hi = float(np.float32(x))
-        lo = float(np.float32(x - hi)) if np.isfinite(hi) else 0.0
-    return hi, lo
+    install(core.linear_combine, core.linear_combine_next, core.plain_combine, core.plain_combine_next)
 
 
-def _acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-# The launch fast path: ``kernel[grid](...)`` spends ~20 us of host time in Triton's dispatcher. A cached
+# The launch fast path: ``kernel[grid](...)`` spends most of a call's host time in Triton's dispatcher
+# (docs/performance.md). A cached
 # _Launch keeps the compiled kernel of its first launch and calls Triton's generated C launcher directly,
 # which is valid because the call signature fixes everything Triton specialises on (constexprs, warps,
 # device, dtypes, 16-byte alignment, the ints' 1 / multiple-of-16 classes; floats are do_not_specialize).
@@ -158,8 +145,8 @@ class _Launch:
 
     def __init__(self, kernel, device: torch.device, launches: list, scratch: tuple, cached: bool):
         self.kernel, self.device, self.launches, self.scratch = kernel, device, launches, scratch
-        self.index = device.index  # read once: torch.device.index costs a property call per launch
-        self.single = scratch if isinstance(scratch, _Single) else None  # _run's fast branch
+        self.index = device.index  # read once, not per launch (host time: docs/performance.md)
+        self.single = scratch if isinstance(scratch, _Single) else None  # run's fast branch
         self.cached = cached  # reused by later calls: worth keeping the compiled kernels
         self.fast = [None] * len(launches)
         self.flags = {}  # look-back flag buffers by stream (_lookback_flags)
@@ -251,9 +238,9 @@ def _build(kernel, plan: Plan, p, constexprs: dict, cached: bool) -> _Launch:
     return _Launch(kernel, p.device, launches, _TwoPass(n, nk, cpb, acc), cached)
 
 
-def _start(p, kind: str, kernel, key: tuple, constexprs: dict, args: tuple, plan: Plan | None) -> None:
+def start(p, kind: str, kernel, key: tuple, constexprs, args: tuple, plan: Plan | None) -> None:
     """Launches ``kernel`` for call ``p`` under ``plan``, or the chosen plan of the call's signature (cached
-    in ``p.plans`` under ``key``)."""
+    in ``p.plans`` under ``key``; ``constexprs()``: the kernel's own flags)."""
     if plan is not None:
         key = (*key, plan)
     launch = p.plans.get(key) if p.plans is not None else None
@@ -266,7 +253,7 @@ def _start(p, kind: str, kernel, key: tuple, constexprs: dict, args: tuple, plan
         launch = _build(kernel, plan, p, constexprs(), p.plans is not None)
         if p.plans is not None:
             p.plans[key] = launch
-    _run(launch, args)
+    run(launch, args)
 
 
 def _scratch(launch: _Launch, args: tuple) -> tuple:
@@ -347,7 +334,7 @@ def _lease(device: torch.device, index: int, size: int) -> torch.Tensor:
     return buf
 
 
-def _run(launch: _Launch, args: tuple) -> None:
+def run(launch: _Launch, args: tuple) -> None:
     """Starts every launch of ``launch`` with the kernel arguments ``args`` (scratch appended)."""
     single = launch.single
     if single is not None:  # _scratch's single-pass arguments, without its dispatch
@@ -392,32 +379,6 @@ def _launch(launch: _Launch, i: int, args: tuple) -> None:
 COMPILED: dict = {}
 
 
-def _bootstrap_flags(t: dict, p, next_all: bool, **extra):
-    """The constexprs of GAE's and V-trace's kernels, which take the same optional inputs (``extra``: the
-    kernel's own, its discounts' G_TENSOR, L_TENSOR among them)."""
-    return lambda: dict(
-        HAS_TRUNC=t.get("truncateds") is not None, HAS_BOOT=t.get("bootstrap_values") is not None,
-        HAS_LAST=t.get("last_value") is not None, NEXT_ALL=next_all, **extra, ACC=_acc(p.dtype),
-    )  # fmt: skip
-
-
-def _tensors(gamma, lambda_=None) -> dict:
-    """G_TENSOR and L_TENSOR: which discounts are tensors (the kernels read them at every step)."""
-    return dict(G_TENSOR=isinstance(gamma, torch.Tensor), L_TENSOR=isinstance(lambda_, torch.Tensor))
-
-
-def _disc(x, dummy: torch.Tensor) -> tuple:
-    """gamma or lambda_ as the kernels take a discount: ``(hi, lo, pointer, stride_n, stride_t)``. A float's halves
-    (:func:`hp`) and ``dummy``, a valid pointer of the call that the kernel never reads (a pointer, not an int: an
-    int there changed the float kernels' registers and SASS); a tensor's (N, T) view
-    (``_validation.kernel_discount``) and its strides. The argument builders inline the float case (isinstance
-    against torch.Tensor and a call cost host time on every launch)."""
-    if isinstance(x, torch.Tensor):
-        view, _, s_n, s_t = kernel_discount(x)
-        return 0.0, 0.0, view, s_n, s_t
-    return (*hp(x), dummy, 0, 0)
-
-
 def _int_class(x: int) -> tuple:
     """What Triton specialises an int argument on (1, multiples of 16, 64-bit)."""
     return x == 1, x % 16 == 0, not -(2**31) <= x < 2**31
@@ -433,142 +394,13 @@ def _disc_key(x) -> tuple | None:
     return x.dtype, x.data_ptr() % 16 == 0, _int_class(s_n), _int_class(s_t)
 
 
-def _key(key: tuple, *discounts) -> tuple:
+def launch_key(key: tuple, *discounts) -> tuple:
     """The launch key of a call: ``key`` for float discounts (the key the fast paths look up), else ``key``
     extended by each discount's :func:`_disc_key`. A float and a tensor call of one signature share a cache
     entry, so the float key must never hold a tensor kernel."""
     if all(type(x) is float or not isinstance(x, torch.Tensor) for x in discounts):
         return key
     return (*key, *(_disc_key(x) for x in discounts))
-
-
-# The kernels' argument tuples, from the call's tensors: shared by the launchers below (a call prepared by
-# rl_triton._validation) and the public functions' fast paths (a validation cache hit that goes straight to
-# the cached launch), so both hand the kernels the same arguments. An absent optional input is passed as some
-# valid pointer (the first input) that the kernel never reads.
-
-
-def gae_args(r, v, term, trunc, boot, last, out, tgt, n: int, t: int, gamma, lambda_) -> tuple:
-    g = (*hp(gamma), r, 0, 0) if type(gamma) is float else _disc(gamma, r)
-    lam = (*hp(lambda_), r, 0, 0) if type(lambda_) is float else _disc(lambda_, r)
-    return (
-        r, v, term, r if trunc is None else trunc, r if boot is None else boot, r if last is None else last, out,
-        tgt, n, t, *g, *lam,
-    )  # fmt: skip
-
-
-def vtrace_args(lpi, lmu, v, r, term, trunc, boot, last, vs, adv, n: int, t: int, gamma, rho_bar, c_bar) -> tuple:
-    return (
-        lpi, lmu, v, r, term, r if trunc is None else trunc, r if boot is None else boot, r if last is None else last,
-        vs, adv, n, t, *((*hp(gamma), r, 0, 0) if type(gamma) is float else _disc(gamma, r)), *hp(rho_bar), *hp(c_bar),
-    )  # fmt: skip
-
-
-def retrace_args(
-    probs, next_probs, mu, q, next_q, actions, r, term, trunc, qt, adv, n: int, t: int, gamma, lambda_, c_bar, rho_bar
-) -> tuple:  # fmt: skip
-    g = (*hp(gamma), r, 0, 0) if type(gamma) is float else _disc(gamma, r)
-    lam = (*hp(lambda_), r, 0, 0) if type(lambda_) is float else _disc(lambda_, r)
-    return (
-        probs, probs if next_probs is None else next_probs, mu, q, next_q, actions, r, term,
-        probs if trunc is None else trunc, qt, adv, n, t, *g, *lam, *hp(c_bar), *hp(rho_bar),
-    )  # fmt: skip
-
-
-def returns_args(r, nv, term, trunc, boot, v, out, adv, n: int, t: int, gamma, lambda_) -> tuple:
-    g = (*hp(gamma), r, 0, 0) if type(gamma) is float else _disc(gamma, r)
-    lam = (*hp(lambda_), r, 0, 0) if type(lambda_) is float else _disc(lambda_, r)
-    return (
-        r, r if nv is None else nv, term, r if trunc is None else trunc, r if boot is None else boot,
-        r if v is None else v, out, adv, n, t, *g, *lam,
-    )  # fmt: skip
-
-
-def forward_args(x, dones, seed, out, n: int, t: int, scale: float) -> tuple:
-    return (x, dones, x if seed is None else seed, out, n, t, *hp(scale))
-
-
-def gae(p, gamma, lambda_, next_all: bool = False, target: bool = False, plan: Plan | None = None):
-    """GAE's advantages; with ``target``, ``(advantages, advantages + values)`` from the same launch (the
-    value targets rounded as the separate add would round them). ``gamma``, ``lambda_`` (here and in the other
-    launchers): a float, or the (N, T) view of a per-env or per-step tensor (``_validation.per_step_view``)."""
-    t = p.tensors
-    out = p.new_output()
-    tgt = p.new_output() if target else out
-    args = gae_args(
-        t["rewards"], t["values"], t["terminateds"], t.get("truncateds"), t.get("bootstrap_values"),
-        t.get("last_value"), out, tgt, p.num_envs, p.seq_len, gamma, lambda_,
-    )  # fmt: skip
-    flags = _bootstrap_flags(t, p, next_all, TARGET=target, **_tensors(gamma, lambda_))
-    _start(p, "gae", fused.gae_kernel, _key(("gae", next_all, target), gamma, lambda_), flags, args, plan)
-    return (out, tgt) if target else out
-
-
-def vtrace(p, gamma, rho_bar: float, c_bar: float, next_all: bool = False, plan: Plan | None = None):
-    t = p.tensors
-    vs, adv = p.new_output(), p.new_output()
-    args = vtrace_args(
-        t["log_pi_target"], t["log_pi_behavior"], t["values"], t["rewards"], t["terminateds"], t.get("truncateds"),
-        t.get("bootstrap_values"), t.get("last_value"), vs, adv, p.num_envs, p.seq_len, gamma, rho_bar, c_bar,
-    )  # fmt: skip
-    flags = _bootstrap_flags(t, p, next_all, G_TENSOR=isinstance(gamma, torch.Tensor))
-    _start(p, "vtrace", fused.vtrace_kernel, _key(("vtrace", next_all), gamma), flags, args, plan)
-    return vs, adv
-
-
-def retrace(p, gamma, lambda_, c_bar: float, rho_bar: float, plan: Plan | None = None):
-    t = p.tensors
-    probs = t["action_probs_target"]
-    qt, adv = p.new_output(), p.new_output()
-    given_next = t.get("next_action_probs_target") is not None
-
-    def flags():
-        # pi(a_t | s_t) comes from the weights tile only where the weights are the target probabilities
-        return dict(A=p.num_actions, AP=plans.pow2(p.num_actions), HAS_TRUNC=t.get("truncateds") is not None,
-                    ACC=_acc(p.dtype), **({"PI_TILE": False} if given_next else {}),
-                    **_tensors(gamma, lambda_))  # fmt: skip
-
-    args = retrace_args(
-        probs, t.get("next_action_probs_target"), t["action_probs_behavior"], t["q_values"], t["next_q_values_all"],
-        t["actions"], t["rewards"], t["terminateds"], t.get("truncateds"), qt, adv, p.num_envs, p.seq_len, gamma,
-        lambda_, c_bar, rho_bar,
-    )  # fmt: skip
-    _start(p, "retrace", fused.retrace_kernel, _key(("retrace",), gamma, lambda_), flags, args, plan)
-    return qt, adv
-
-
-def returns(p, gamma, lambda_, adv: bool = False, plan: Plan | None = None):
-    """Discounted or TD(lambda) returns; with ``adv``, ``(returns, returns - values)`` from the same launch (the
-    advantages rounded as the separate subtraction would round them)."""
-    t = p.tensors
-    out = p.new_output()
-    advantages = p.new_output() if adv else out
-    has_nv = t.get("next_values") is not None
-
-    def flags():
-        return dict(HAS_NV=has_nv, HAS_TRUNC=t.get("truncateds") is not None,
-                    HAS_BOOT=t.get("bootstrap_values") is not None, ADV=adv, ACC=_acc(p.dtype),
-                    **_tensors(gamma, lambda_))  # fmt: skip
-
-    args = returns_args(
-        t["rewards"], t.get("next_values"), t["terminateds"], t.get("truncateds"), t.get("bootstrap_values"),
-        t.get("values"), out, advantages, p.num_envs, p.seq_len, gamma, lambda_,
-    )  # fmt: skip
-    kind = "returns_nv" if has_nv else "returns"
-    _start(p, kind, fused.returns_kernel, _key(("returns", adv), gamma, lambda_), flags, args, plan)
-    return (out, advantages) if adv else out
-
-
-def forward_trace(p, scale: float, starts_at: bool, plan: Plan | None = None) -> torch.Tensor:
-    t = p.tensors
-    out = p.new_output()
-
-    def flags():
-        return dict(STARTS_AT=starts_at, HAS_SEED=t.get("seed_values") is not None, ACC=_acc(p.dtype))
-
-    args = forward_args(t["inputs"], t["dones"], t.get("seed_values"), out, p.num_envs, p.seq_len, scale)
-    _start(p, "forward", fused.forward_trace_kernel, ("forward_trace", starts_at), flags, args, plan)
-    return out
 
 
 # Launches of the raw scan (autograd's backward), by its own signature; bounded like the validation cache.
@@ -586,7 +418,7 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, rev
     launch = _SCAN_LAUNCHES.get(key)
     if launch is None:
         tile = plans.tile(n, t_len)
-        constexprs = dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=_acc(b.dtype), BN=tile.bn, BT=tile.bt)
+        constexprs = dict(REVERSE=reverse, HAS_INIT=init is not None, ACC=acc(b.dtype), BN=tile.bn, BT=tile.bt)
         launch = _Launch(
             core.linear_scan_kernel, b.device, [_Step((plans.cdiv(n, tile.bn), 1), constexprs, tile.warps)], None, True
         )
