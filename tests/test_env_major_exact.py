@@ -1,4 +1,4 @@
-"""GAE, V-trace and the returns on env-major rows of exactly 4 or 8 steps (Plan.exact_t; kernels/fused.py): the row
+"""GAE, V-trace and the returns on env-major rows of exactly 4 or 8 steps (Plan.exact_t; rl_triton/ops): the row
 length as a constexpr, under the launcher's plan and under explicit plans of other (steps, warps), against the
 float64 reference (or, for the private next-value forms, the PyTorch path) and bit for bit against the plan without
 it (only the loads and the layout change, not the arithmetic). Rows of other lengths (1, 2, 5) keep the plan without

@@ -1,5 +1,5 @@
 """The kernels reading per-env and per-step ``gamma`` / ``lambda_`` tensors (docs/semantics.md, "Per-step gamma and
-lambda"; kernels/fused.py, ``discount``), on the kernel paths, against the float64 loop references: rows split
+lambda"; ops/common.py, ``discount``), on the kernel paths, against the float64 loop references: rows split
 into time blocks (two passes, the look-back in several windows and with zeroed flags) under explicit plans,
 env-major rows of one chunk (Retrace's register shift of c_{t+1} included), time-major inputs with discounts in
 either layout, per-env discounts as stride-0 views, and float and tensor calls alternating on one call signature

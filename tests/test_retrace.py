@@ -92,7 +92,7 @@ CASES = [
     # 2-byte dtypes walking 1024-step chunks).
     *(case(s, dtype=d, flag_dtype=d, next_probs=True) for d in DTYPE_IDS for s in ((5, 63), (2, 300), (2, 1100))),
     # 8-byte flags with float64 data at row lengths of multiples of 4 (Triton 3.6 miscompiled the terminated mask's
-    # layout conversion there: kernels/fused.py, _term_like_e).
+    # layout conversion there: ops/retrace.py, _term_like_e).
     *(case(s, dtype=torch.float64, flag_dtype=f) for f in (torch.float64, torch.int64) for s in ((64, 20), (4, 1000))),
     # Non-contiguous views of every input (they also equal the call on contiguous copies).
     case((5, 37), layout="stride", next_probs=True),
@@ -193,7 +193,7 @@ def test_sweep_forms(path, form, shape, num_actions):
     check(FN, *args, **kwargs, plan=plan, **F32_TOL)
 
 
-# Env-major kernel variants of short rows (kernels/fused.py's retrace_kernel): the row length as a constexpr (E:
+# Env-major kernel variants of short rows (ops/retrace.py's retrace_kernel): the row length as a constexpr (E:
 # exact_t, rows of T == BT), c_{t+1} and q_{t+1} shifted in registers (S: shift), pi(a_t | s_t) from the weights
 # tile (P: pi_tile), the last two on rows of T == BT only; programs of (steps, warps) that give each thread half a
 # row (1024, 8: the default), a whole row (1024, 4; 512, 2) or two rows (2048, 4).
