@@ -33,8 +33,8 @@ from .. import _config
 from ..distributed import _acc_dtype as _acc
 from ..kernels import core
 from ..kernels.core import AGGREGATES, LOOKBACK, RESCAN, _edge, _join4, _on, _split4, linear_combine
-from ..kernels.launch import _acc as _tl
 from ..kernels.plans import Phase, Split, TokenPlan, cdiv, pow2, token_tile
+from ..ops.utils import acc as _tl
 
 # Launch decisions (block length, tile form, split) are a TokenPlan (kernels/plans.py), passed in.
 _FLAT_BLOCK = 4096  # elements per program of the flat moments / whitening kernels
@@ -444,7 +444,7 @@ _AGGREGATES, _RESCAN, _LOOKBACK = int(Phase.AGGREGATES), int(Phase.RESCAN), int(
 def _hyper(h, acc: torch.dtype, ref: torch.Tensor):
     """(pointer, float value, stride, is_pointer) for gamma / lam. Floats stay kernel arguments (float32)
     except for float64 calls, which read a one-element float64 tensor (a fill, no host-to-device copy): the
-    core's (hi, lo) float32 halves (launch.hp) carry 48 of a float64's 53 bits, and in float32 their sum can
+    core's (hi, lo) float32 halves (ops.utils.hp) carry 48 of a float64's 53 bits, and in float32 their sum can
     round one ulp away from the float itself."""
     if isinstance(h, float):
         if acc == torch.float64:
