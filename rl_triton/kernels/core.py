@@ -28,6 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .. import _config
 from .plans import Form, Phase
 
 # The tile forms and phases as the kernels' FORM and PHASE constexprs take them (plans.Form, plans.Phase).
@@ -913,3 +914,9 @@ def publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, MAX_SPIN: 
         waiting = tl.sum(tl.sum(((f != epoch) & later).to(tl.int32), axis=1), axis=0)
         pending = (waiting > 0) & (spins < MAX_SPIN)
     tl.debug_barrier()
+
+
+if _config.INTERPRET:  # the combines' scans as NumPy folds under Triton's interpreter (kernels/_interpret.py)
+    from ._interpret import install
+
+    install(linear_combine, linear_combine_next, plain_combine, plain_combine_next)

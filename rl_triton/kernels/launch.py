@@ -20,12 +20,6 @@ from ..ops.utils import acc
 from . import core, plans
 from .plans import Form, Phase, Plan, Split
 
-if _config.INTERPRET:
-    from ._interpret import install
-
-    install(core.linear_combine, core.linear_combine_next, core.plain_combine, core.plain_combine_next)
-
-
 # The launch fast path: ``kernel[grid](...)`` spends most of a call's host time in Triton's dispatcher
 # (docs/performance.md). A cached
 # _Launch keeps the compiled kernel of its first launch and calls Triton's generated C launcher directly,

@@ -430,7 +430,7 @@ def _broadcast_kernel(
     tl.store(p_y + offs, tl.where(m, a, 0.0), mask=inb)
 
 
-if _config.INTERPRET:  # the GAE pair map's scans as NumPy folds, beside the core's combines (kernels/__init__.py)
+if _config.INTERPRET:  # the GAE pair map's scans as NumPy folds, beside the core's combines (kernels/core.py)
     from ..kernels._interpret import fold_gae_pair, install
 
     install(_gae_combine, folds=(fold_gae_pair,))
