@@ -591,31 +591,34 @@ def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: 
     in registers (contained with CONTAIN), then :func:`lookback` (one env per program) or
     :func:`lookback_envs` (blocks of time-major envs). Returns (A, B) of everything before the block, [1] or
     [BN]."""
-    b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, FORM)
-    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, CONTAIN)
+    b_Al, b_Bl = chunk_aggregate(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, CONTAIN)
     if o_n.shape[0] == 1:
-        b_A, b_B = lookback(
-            p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Al, carry_row(b_Bl, FORM), E, ACC, S, EPOCHS
-        )
+        b_A, b_B = lookback(p_agg_a, p_agg_b, p_flag, tl.sum(o_n, 0), i_k, N, NK, b_Al, b_Bl, E, ACC, S, EPOCHS)
     else:
-        b_A, b_B = lookback_envs(p_flag, tl.min(o_n, 0) // o_n.shape[0], i_k, N, NK, b_Al, carry_row(b_Bl, FORM),
-                                 E, S, EPOCHS)  # fmt: skip
+        b_A, b_B = lookback_envs(p_flag, tl.min(o_n, 0) // o_n.shape[0], i_k, N, NK, b_Al, b_Bl, E, S, EPOCHS)
     return b_A, b_B
 
 
 @triton.jit
-def chunk_non_finite(b_a, b_b, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr,
+def chunk_aggregate(b_a, b_b, o_n, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr,
+                    CONTAIN: tl.constexpr):  # fmt: skip
+    """The chunk's aggregate (product of a, final state from 0), each [BN] (o_n: the program's env ids)."""
+    b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, FORM)
+    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, CONTAIN)
+    return b_Al, carry_row(b_Bl, FORM)
+
+
+@triton.jit
+def chunk_non_finite(b_a, b_b, o_n, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr,
                      AGGREGATE: tl.constexpr):  # fmt: skip
     """Whether the chunk holds a non-finite offset: by a reduction of its offsets (:func:`non_finite`), or with
-    AGGREGATE (look-back blocks) from the final state of its plain scan from 0, which the look-back computes
-    anyway. That state is non-finite exactly when an offset is (a plain combine carries a NaN or an infinity on,
-    as 0 * inf is NaN), or when a partial sum overflows, which the contained scan then handles as before.
-    Which is faster depends on the kernel (docs/performance.md)."""
+    AGGREGATE (look-back blocks) from the final state of its plain scan from 0 (:func:`chunk_aggregate`), which
+    the look-back computes anyway. That state is non-finite exactly when an offset is (a plain combine carries a
+    NaN or an infinity on, as 0 * inf is NaN), or when a partial sum overflows, which the contained scan then
+    handles as before. Which is faster depends on the kernel (docs/performance.md)."""
     if AGGREGATE:
-        BN: tl.constexpr = b_b.shape[1] if FORM == GROUPS4 or FORM == GROUPS8 else b_b.shape[0]
-        b_zero = carry_tile(tl.zeros([BN], ACC), BT, FORM)
-        _x, b_Bl, _Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, False)
-        bad = non_finite(carry_row(b_Bl, FORM))
+        _A, b_Bl = chunk_aggregate(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, False)
+        bad = non_finite(b_Bl)
     else:
         bad = non_finite(b_b)
     return bad
@@ -811,7 +814,7 @@ def scan_rows(
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
         b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
         # selects in the combines only for a chunk with a non-finite offset (the module docstring)
-        if chunk_non_finite(b_a, b_b, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST):
+        if chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST):
             b_x, b_xn, b_carry, b_Ac = block_states(
                 b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
                 NKP, PHASE, ZERO, NEXT, SEEDED, True,
