@@ -196,6 +196,7 @@ def test_long_row_plans():
     assert _split("forward", 8, 1 << 20) == (2048, Split.LOOKBACK, 512, 256, 72)  # 4096 blocks
     assert _split("gae", 16, 1 << 20, torch.float64)[4] is None  # caps measured with float32 only
     assert _split("gae", 16, 1 << 20, torch.bfloat16)[4] is None
+    assert _split("vtrace", 16, 1 << 20, torch.bfloat16)[4] == _split("forward", 16, 1 << 20, torch.bfloat16)[4] == 80
     assert plans.choose("retrace", 16, 1 << 20, torch.float32, num_actions=4).maxnreg == 128
     assert plans.choose("gae", 1, 1 << 20, torch.float32).epochs
     assert not plans.choose("gae", 1, 1 << 24, torch.float32).epochs  # 8192 blocks: zeroed flags
@@ -208,8 +209,9 @@ def test_long_row_plans():
 
 def test_single_pass_register_caps():
     """Single-pass caps where they were measured: GAE in one-chunk programs of 512 or 1024 steps and 4 warps,
-    Retrace with 3-4 actions walking 1024-step chunks (and, for 2-byte dtypes, rows of 512 steps); float32 and
-    2-byte dtypes only."""
+    V-trace in one-chunk programs of 2048 steps (and 4096 in 2-byte dtypes), TD(lambda) in 2-byte programs of
+    4096 steps, Retrace with 3-4 actions walking 1024-step chunks (and, for 2-byte dtypes, rows of 512 steps);
+    float32 and 2-byte dtypes only."""
 
     def gae(n, t, dtype=torch.float32):
         return plans.choose("gae", n, t, dtype).maxnreg
@@ -223,6 +225,13 @@ def test_single_pass_register_caps():
     assert gae(16384, 512, torch.float64) is retrace(4096, 2048, 4, torch.float64) is None
     assert gae(4096, 2048) is gae(16384, 256) is gae(1024, 8) is None
     assert plans.choose("vtrace", 16384, 512, torch.float32).maxnreg is None
+    for dtype in (torch.float32, torch.bfloat16):  # V-trace's one-chunk rows: 2048 steps, and 4096 in 2 bytes
+        assert plans.choose("vtrace", 4096, 2048, dtype).maxnreg == 80
+    assert plans.choose("vtrace", 8192, 4096, torch.bfloat16).maxnreg == 64
+    assert plans.choose("vtrace", 8192, 4096, torch.float32).maxnreg is None
+    assert plans.choose("returns_nv", 8192, 4096, torch.bfloat16).maxnreg == 64  # TD(lambda) in 2 bytes
+    assert plans.choose("returns_nv", 8192, 4096, torch.float32).maxnreg is None
+    assert plans.choose("forward", 8192, 4096, torch.bfloat16).maxnreg is None  # a cap of 64 lost there
     assert plans.choose("returns", 16384, 512, torch.float32).maxnreg is None
     assert retrace(16384, 512, 4, torch.bfloat16) == 64
     assert retrace(16384, 512, 4, torch.float32) is None  # float32 lost there

@@ -123,8 +123,10 @@ _EXACT_ONE_CHUNK = ("gae", "returns", "returns_nv")
 _ROW_PER_THREAD = ("vtrace",)
 # Single-pass rows of several whole chunks that drop the time mask, by kind: element sizes.
 _WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
-# Register caps of single-pass programs of one chunk per row: kind -> {(bt, warps): cap}.
-_SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}, "returns": {(4096, 8): 64}}
+# Register caps of single-pass programs of one chunk per row: kind -> {(bt, warps): cap}; then those of 2-byte
+# floats only (float32 lost there).
+_SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}, "returns": {(4096, 8): 64}, "vtrace": {(2048, 8): 80}}
+_SINGLE_CAPS_16BIT = {"vtrace": {(4096, 16): 64}, "returns_nv": {(4096, 8): 64}}
 _RETRACE_SINGLE_CAP = 64
 
 # Time-block splits per kind.
@@ -136,6 +138,8 @@ _SPLIT = {
     "forward": _SplitPolicy(2, True, 256, None, 72),
     "retrace": _SplitPolicy(1, True, 256, None, 128),
 }
+# Register caps of look-back blocks of 2-byte floats (float32 ones: _SPLIT).
+_SPLIT_CAPS_16BIT = {"vtrace": 80, "forward": 80}
 # Launches of fewer blocks than _SMALL[kind] are latency-bound and take _SPLIT_SMALL[kind] instead.
 _SMALL = {"gae": 2048, "returns": 2048, "returns_nv": 2048, "forward": 4096}
 _SPLIT_SMALL = {
@@ -239,7 +243,7 @@ def _split(n: int, t: int, base: Plan, kind: str, dtype: torch.dtype | None, blo
         blocks = cdiv(n, base.bn) * n_chunks
         return replace(
             base, split=Split.LOOKBACK, window=_window(n_chunks, window), epochs=blocks <= EPOCH_MAX_BLOCKS,
-            maxnreg=maxnreg if _is_f32(dtype) else None,
+            maxnreg=maxnreg if _is_f32(dtype) else _SPLIT_CAPS_16BIT.get(kind) if dtype.itemsize == 2 else None,
         )  # fmt: skip
     return replace(base, split=Split.TWO_PASS, chunks_per_block=cdiv(n_chunks, MAX_BLOCKS))
 
@@ -290,7 +294,8 @@ def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
         base = tile(n, t)
     plan = _split(n, t, base, kind, dtype)
     if _one_chunk_rows(plan, t) and (_is_f32(dtype) or dtype.itemsize == 2):
-        plan = replace(plan, maxnreg=_SINGLE_CAPS.get(kind, {}).get((plan.bt, plan.warps)))
+        caps = _SINGLE_CAPS.get(kind, {}) | (_SINGLE_CAPS_16BIT.get(kind, {}) if dtype.itemsize == 2 else {})
+        plan = replace(plan, maxnreg=caps.get((plan.bt, plan.warps)))
     form = Form.ENV_GROUPS if plan.bt <= ENV_GROUPS_MAX_BT else _grouped_form(plan, dtype)
     if form is Form.ENV_GROUPS and plan.split is Split.SINGLE and t == plan.bt:
         # exact rows of 4 or 8 steps; rows of 8 a whole row per thread where that measured faster

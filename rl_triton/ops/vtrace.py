@@ -88,7 +88,8 @@ def vtrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC
     b_c = tl.where(b_ratio < c_bar, b_ratio, c_bar)
     b_a = tl.where(q_term | q_trunc, 0.0, gamma * b_c)
     b_b = b_rho * (b_r + gamma * b_vnext - b_v)  # v_next (0 at terminated steps) stands for (1 - term) v_next
-    ctx = (b_rho, b_r, b_v, q_bnd | q_term, b_vnext, gamma)
+    # r and v are read again by the epilogue (L1 hits) rather than held across the scan and look-back
+    ctx = (b_rho, q_bnd | q_term, b_vnext, gamma)
     return tl.where(m, b_a, 1.0), tl.where(m, b_b, 0.0), ctx
 
 
@@ -96,13 +97,15 @@ def vtrace_prologue(ins, hps, off, o_t, m, o_n, m_n, T, ST, K: tl.constexpr, ACC
 def vtrace_epilogue(outs, ins, hps, ctx, b_d, b_d1, off, m, ST, K: tl.constexpr, ACC: tl.constexpr):
     NEXT_ALL: tl.constexpr = K[3]
     p_vs, p_adv = outs
-    q_bnd, b_vnext = ctx[3], ctx[4]  # boundary (or terminated) steps, v_next (vtrace_prologue)
+    b_rho, q_bnd, b_vnext, gamma = ctx  # boundary (or terminated) steps, v_next (vtrace_prologue)
     if NEXT_ALL:  # values_{t+1} (inside the buffer: no boundary at t, so t + 1 < T)
         b_v1 = tl.load(ins[3] + off + ST, mask=m & ~q_bnd, other=0).to(ACC)
     else:
         b_v1 = b_vnext
+    b_r = tl.load(ins[2] + off, mask=m, other=0).to(ACC)
+    b_v = tl.load(ins[3] + off, mask=m, other=0).to(ACC)
     # vs_{t+1} = values_{t+1} + D_{t+1} inside the buffer; v_next (0) at terminated steps too
-    store_off_policy(p_vs, p_adv, ctx, b_d, b_v1, b_d1, off, m)
+    store_off_policy(p_vs, p_adv, (b_rho, b_r, b_v, q_bnd, b_vnext, gamma), b_d, b_v1, b_d1, off, m)
 
 
 @triton.jit(do_not_specialize=["N", "NK", "CPB", "gamma_hi", "gamma_lo", "rho_hi", "rho_lo", "c_hi", "c_lo"])
