@@ -16,9 +16,9 @@ import torch
 import rl_triton as R
 from rl_triton import _config, _dispatch, _ops, _validation
 from rl_triton import functional as F
+from rl_triton._discounts import hp
 from rl_triton.kernels import launch, plans
 from rl_triton.ops import gae
-from rl_triton.ops.utils import hp
 
 N, T = 5, 12
 
