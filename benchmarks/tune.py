@@ -35,6 +35,7 @@ import torch
 
 from rl_triton.kernels import plans
 from rl_triton.kernels.plans import Form, Plan, Split
+from rl_triton.ops import kind_of  # the plan kind of each benchmark spec's primary call
 
 from . import specs, timing
 
@@ -45,8 +46,6 @@ except ImportError:  # tqdm is a dev dependency: run without a bar if it is miss
     def tqdm(items, **_kw):
         return items
 
-
-KINDS = plans.KIND_OF  # the kernel kind of each benchmark spec's primary call
 
 TARGET_ARCH = 90
 # sm_90 per SM: registers, threads, resident programs, shared memory
@@ -88,7 +87,7 @@ def variants(base: Plan, vary: dict[str, list]) -> list[Plan]:
 
 
 def chosen_plan(fn: str, n: int, t: int, dtype: torch.dtype, time_major: bool) -> Plan:
-    return plans.choose(KINDS[fn], n, t, dtype, time_major=time_major, num_actions=specs.NUM_ACTIONS)
+    return plans.choose(kind_of(fn), n, t, dtype, time_major=time_major, num_actions=specs.NUM_ACTIONS)
 
 
 @contextlib.contextmanager
@@ -253,7 +252,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         fields = {k: (v.name if isinstance(v, (Form, Split)) else v) for k, v in dataclasses.asdict(plan).items()}
         row = {"function": fn, "num_envs": n, "seq_len": t, "dtype": a.dtype, "chosen": plan == base, "plan": fields}
         try:
-            launch.check_plan(plan, KINDS[fn], n, t, dtype, a.time_major)
+            launch.check_plan(plan, kind_of(fn), n, t, dtype, a.time_major)
             if a.offline:
                 row["launches"] = offline(fn, x, plan, a.dump)
             else:

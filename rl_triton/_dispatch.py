@@ -11,21 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import _config
-from ._validation import (
-    _CACHE,
-    _UNKNOWN,
-    Entry,
-    Prepared,
-    TensorDiscount,
-    check_data,
-    check_probabilities,
-    discount,
-    fast_discount,
-    per_step,
-    prepare,
-    scalar,
-    signature,
-)
+from ._discounts import TensorDiscount, fast_hyper, hyper, per_step
+from ._validation import _CACHE, _UNKNOWN, Entry, Prepared, check_data, check_probabilities, prepare, signature
 from .scan import linear_scan, torch_scan
 
 if TYPE_CHECKING:
@@ -259,10 +246,7 @@ def _fast_hypers(op: Op, hypers: tuple) -> tuple | None:
     """The hyper-parameters checked as :func:`_prepared` checks them, or None for a tensor gamma/lambda_ (the
     fast path launches floats only)."""
     try:
-        return tuple(
-            fast_discount(name, x) if hi == 1.0 else scalar(name, x, hi=None)
-            for name, x, hi in zip(op.hypers, hypers, op.limits, strict=True)
-        )
+        return tuple(fast_hyper(op.fn, name, x, hi) for name, x, hi in zip(op.hypers, hypers, op.limits, strict=True))
     except TensorDiscount:
         return None
 
@@ -270,10 +254,7 @@ def _fast_hypers(op: Op, hypers: tuple) -> tuple | None:
 def _prepared(op: Op, key, tensors: tuple, plan, hypers: tuple, rows):
     """The validated call: hyper-parameters, tensors (:func:`prepare`), per-step discounts, data checks, then
     :func:`run` on the chosen backend."""
-    s = {
-        name: discount(name, x) if hi == 1.0 else scalar(name, x, hi=None)
-        for name, x, hi in zip(op.hypers, hypers, op.limits, strict=True)
-    }
+    s = {name: hyper(op.fn, name, x, hi) for name, x, hi in zip(op.hypers, hypers, op.limits, strict=True)}
     s.update(op.consts)
     given: dict = {"step": {}, "flag": {}, "env": {}, "action": {}, "actions": {}}
     for name, role, x in zip(op.names, op.roles, tensors, strict=True):

@@ -26,8 +26,11 @@ import torch
 #          argument whose per-step shape and dtype the outputs take, number of outputs,
 #          names of the float-or-tensor arguments: gamma, lambda_; their tensor slots follow the tensors')
 _REGISTRY: dict = {}
-_MAX_TENSORS = 11  # compute_retrace has the most tensor arguments: 9, and gamma and lambda_
-_MAX_FLOATS = 4  # ... and the most hyper-parameters
+# The op's fixed slots (custom-op autograd tracks top-level tensor arguments only, so tensors cannot go in a list):
+# compute_retrace uses the most tensor slots, 11 (9 tensors, and gamma and lambda_), and 4 floats. Room to spare,
+# so that a new function needs no edit here; one over the limits fails at registration (:func:`compilable`).
+_MAX_TENSORS = 16
+_MAX_FLOATS = 8
 _SIGNATURES: dict = {}
 # the public functions' first statement: ``if is_compiling() and tracing(): return emit(...)`` (bound once: an
 # attribute lookup less per call; Dynamo folds it to True by identity all the same)
@@ -75,7 +78,11 @@ def compilable(*, like: str, n_out: int) -> Callable:
         sig = inspect.signature(fn)
         tensors, floats, strings, either = _argument_kinds(sig)
         if len(tensors) + len(either) > _MAX_TENSORS or len(floats) > _MAX_FLOATS or len(strings) > 1:
-            raise TypeError(f"compilable: {name} has more arguments than rl_triton::call carries")
+            raise TypeError(
+                f"compilable: {name} takes {len(tensors) + len(either)} tensor slots (tensors, and one per "
+                f"float-or-tensor argument), {len(floats)} floats and {len(strings)} strings; rl_triton::call "
+                f"carries {_MAX_TENSORS}, {_MAX_FLOATS} and 1 (_ops._MAX_TENSORS, _MAX_FLOATS)"
+            )
         _REGISTRY[name] = (fn, tensors, floats, strings, like, n_out, either)
         _SIGNATURES[name] = sig
         return fn
@@ -129,33 +136,43 @@ def _eager(name: str, tensors: Sequence, floats: Sequence[float], option: str):
     return [out] if n_out == 1 else list(out)
 
 
-T = Optional[torch.Tensor]  # noqa: UP045 (torch.library's schema inference wants typing.Optional)
-
-
 def _pad(tensors: Sequence) -> list:
     return list(tensors) + [None] * (_MAX_TENSORS - len(tensors))
 
 
+def _pad_floats(floats: Sequence[float]) -> list:
+    return list(floats) + [0.0] * (_MAX_FLOATS - len(floats))
+
+
 def call(name: str, tensors: Sequence, floats: Sequence[float], option: str) -> list[torch.Tensor]:
-    """Runs public function ``name`` through the ``rl_triton::call`` op (tensors padded to a
-    fixed arity: custom-op autograd tracks top-level tensor arguments only)."""
-    return _call(name, *_pad(tensors), *(list(floats) + [0.0] * (_MAX_FLOATS - len(floats))), option)
+    """Runs public function ``name`` through the ``rl_triton::call`` op (tensors and floats padded to its fixed
+    slots)."""
+    return _call(name, *_pad(tensors), *_pad_floats(floats), option)
 
 
-@torch.library.custom_op("rl_triton::call", mutates_args=())
-def _call(
-    name: str, t0: T, t1: T, t2: T, t3: T, t4: T, t5: T, t6: T, t7: T, t8: T, t9: T, t10: T,
-    f0: float, f1: float, f2: float, f3: float, option: str,
-) -> list[torch.Tensor]:  # fmt: skip
+# (name, t0 .. t15, f0 .. f7, option): the schema written out from the limits above
+_SCHEMA = (
+    "(str name, "
+    + "".join(f"Tensor? t{i}, " for i in range(_MAX_TENSORS))
+    + "".join(f"float f{i}, " for i in range(_MAX_FLOATS))
+    + "str option) -> Tensor[]"
+)
+
+
+def _call_impl(name: str, *slots) -> list[torch.Tensor]:
     _, t_names, f_names, *_, either = _REGISTRY[name]
-    tensors = [t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10][: len(t_names) + len(either)]
-    return [o.contiguous() for o in _eager(name, tensors, [f0, f1, f2, f3][: len(f_names)], option)]
+    tensors = slots[: len(t_names) + len(either)]
+    floats = slots[_MAX_TENSORS : _MAX_TENSORS + len(f_names)]
+    return [o.contiguous() for o in _eager(name, tensors, floats, slots[-1])]
+
+
+_call = torch.library.custom_op("rl_triton::call", _call_impl, mutates_args=(), schema=_SCHEMA)
 
 
 @_call.register_fake
-def _(name, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, f0, f1, f2, f3, option):
+def _(name, *slots):
     fn, t_names, _, _, like, n_out, _ = _REGISTRY[name]
-    ref = [t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10][t_names.index(like)]
+    ref = slots[t_names.index(like)]
     # contiguous, as _call makes its outputs (empty_like alone would keep the strides of a transposed input)
     return [torch.empty_like(ref, memory_format=torch.contiguous_format) for _ in range(n_out)]
 

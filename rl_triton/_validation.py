@@ -5,13 +5,11 @@ ranks, shapes, devices and dtypes (raising ``ValueError``/``TypeError`` that nam
 turns 1-D calls into one-env 2-D calls, and makes each tensor contiguous (warning when that copies
 and ``RL_TRITON_PERF_WARNINGS`` is set). Flags are kept in their stored dtype (the kernels read ``bool``
 flags as bytes). Time-major calls (:func:`_time_major`) keep their per-step tensors as they are: the
-kernels read them in place.
+kernels read them in place. The hyper-parameters (gamma, lambda_ and the others) are :mod:`rl_triton._discounts`'.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -95,115 +93,6 @@ class Prepared:
 
 def _as_rows(t: torch.Tensor | None, rows: tuple[int, int]) -> torch.Tensor | None:
     return t if t is None or t.shape == rows else t.reshape(rows)
-
-
-def scalar(name: str, value, *, lo: float | None = 0.0, hi: float | None = 1.0) -> float:
-    """Turns a Python number or a 0-d tensor into a float and checks its range."""
-    if type(value) is float and value == value and (lo is None or value >= lo) and (hi is None or value <= hi):
-        return value  # the common case, without the checks below (value == value excludes NaN)
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.dim() > 1:
-            raise ValueError(f"{name} must be a Python float or a 0-d tensor, got a tensor of {_describe(value)}")
-        if value.is_complex() or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be real, got dtype {value.dtype}")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number or a 0-d tensor, got {type(value).__name__}")
-    value = float(value)
-    if math.isnan(value):
-        raise ValueError(f"{name} must not be NaN")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be in {bounds}, got {value}")
-    return value
-
-
-# gamma and lambda_ of compute_gae, compute_vtrace, compute_retrace, compute_discounted_returns and
-# compute_lambda_returns (and of the modules' internal forms) may also be per-env or per-step tensors
-# (docs/semantics.md, "Per-step gamma and lambda"). Before the tensors are validated, :func:`discount` keeps
-# such a tensor as it is (a float for everything else, as :func:`scalar` gives it); after, :func:`per_step`
-# turns it into the (N, T) view the PyTorch path and the kernels read: per-step (N, T) tensors as they are (any
-# strides), per-env (N,) ones as ``g[:, None].expand(N, T)`` (time stride 0), 1-D calls' (T,) ones as ``g[None]``.
-# No broadcast copy is made. They are never differentiated (detached), as TorchRL does not differentiate them.
-DISCOUNTS = ("gamma", "lambda_")
-
-
-class TensorDiscount(Exception):  # noqa: N818 (a signal to the fast paths, not an error)
-    """Raised by :func:`fast_discount` for a tensor gamma/lambda_: the fast paths launch floats only, so the
-    call takes the prepared path (where :func:`per_step` validates the tensor)."""
-
-
-def discount(name: str, value) -> float | torch.Tensor:
-    """``gamma`` or ``lambda_`` before the call's tensors are validated: a float (a Python number, a 0-d or
-    one-element tensor, checked by :func:`scalar`), or a tensor of other shapes as it is (checked by
-    :func:`per_step` once the call's shape is known)."""
-    if type(value) is float and value == value and 0.0 <= value <= 1.0:
-        return value
-    if isinstance(value, torch.Tensor) and (value.dim() > 1 or value.numel() != 1 or _captured(value)):
-        if value.is_complex() or not value.is_floating_point():
-            raise TypeError(f"{name} must be a Python float or a floating tensor, got a tensor of {_describe(value)}")
-        return value
-    return scalar(name, value)
-
-
-def _captured(value: torch.Tensor) -> bool:
-    """A 0-d CUDA tensor while a CUDA graph is captured (``torch.compile(mode="reduce-overhead")``): it is read on
-    the device, as a per-step view (:func:`per_step_view`), since reading it to the host would end the capture."""
-    return value.dim() == 0 and value.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def fast_discount(name: str, value) -> float:
-    """:func:`discount` for the fast paths: a tensor gamma/lambda_ (not one element, or captured) raises
-    :class:`TensorDiscount`."""
-    if isinstance(value, torch.Tensor) and (value.dim() > 1 or value.numel() != 1 or _captured(value)):
-        raise TensorDiscount(name)
-    return scalar(name, value)
-
-
-def per_step(p: Prepared, s: dict) -> None:
-    """Replaces the tensor gamma/lambda_ in ``s`` (the hyper-parameters of the validated call ``p``) by their
-    (N, T) views, after checking shape, device and (CPU tensors only: a GPU check would need a host sync)
-    range; sets ``s["per_step"]`` when there is one. Floats are left as they are."""
-    for name in DISCOUNTS:
-        value = s.get(name)
-        if isinstance(value, torch.Tensor):
-            s[name] = per_step_view(p.fn, name, value, p.num_envs, p.seq_len, p.squeeze, p.device)
-            s["per_step"] = True
-
-
-def per_step_view(
-    fn: str, name: str, g: torch.Tensor, n: int, t: int, squeeze: bool, device: torch.device
-) -> torch.Tensor:
-    """A tensor gamma/lambda_ (:func:`discount`) of a call of ``n`` envs and ``t`` steps (``squeeze``: a 1-D
-    call) on ``device``, checked, as the (N, T) view the formulas read (a Prepared's or a cache Entry's fields:
-    the fast paths can call it too)."""
-    shape = tuple(g.shape)
-    g = g.detach()
-    if shape == ():  # a captured 0-d tensor (:func:`discount`): the same number at every step
-        rows = g.reshape(1, 1).expand(1 if squeeze else n, t)
-    elif squeeze:
-        if shape != (t,):
-            raise ValueError(
-                f"{fn}: '{name}' must be a float, a 0-d tensor or a per-step tensor of shape {(t,)} for a 1-D "
-                f"call of {t} steps, got a tensor of {_describe(g)}"
-            )
-        rows = g.unsqueeze(0)
-    elif shape == (n, t):
-        rows = g
-    elif shape == (n,):
-        rows = g.unsqueeze(1).expand(n, t)
-    else:
-        raise ValueError(
-            f"{fn}: '{name}' must be a float, a 0-d tensor, a per-env tensor of shape {(n,)} or a per-step "
-            f"tensor of shape {(n, t)}, got a tensor of {_describe(g)}"
-        )
-    if g.device != device:
-        raise ValueError(f"{fn}: '{name}' is on {g.device} but the other inputs are on {device}")
-    if g.device.type == "cpu" and g.numel():
-        lo, hi = float(g.min()), float(g.max())
-        if not (0.0 <= lo and hi <= 1.0):  # NaN fails both
-            raise ValueError(f"{fn}: '{name}' must be in [0, 1], got values in [{lo}, {hi}]")
-    return rows
 
 
 def _perf_warn(name: str, what: str) -> None:

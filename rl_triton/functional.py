@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import _ops, ops
+from ._discounts import scale
 from ._dispatch import call
 from ._ops import compilable, is_compiling
-from ._validation import scalar
 
 if TYPE_CHECKING:
     from .kernels.plans import Plan
@@ -465,12 +465,6 @@ def _returns_advantages(
     )  # fmt: skip
 
 
-def _scale(gamma, lambda_) -> float:
-    """The traces' gamma * lambda, checked before their tensors (as ever)."""
-    g = gamma if type(gamma) is float and 0.0 <= gamma <= 1.0 else scalar("gamma", gamma)
-    return g * (lambda_ if type(lambda_) is float and 0.0 <= lambda_ <= 1.0 else scalar("lambda_", lambda_))
-
-
 @compilable(like="gradients", n_out=1)
 def compute_eligibility_traces(
     gradients: torch.Tensor,
@@ -512,7 +506,9 @@ def compute_eligibility_traces(
             "compute_eligibility_traces", gradients, dones, gamma=gamma, lambda_=lambda_, seed_values=seed_values,
             plan=plan,
         )  # fmt: skip
-    return call(ops.forward.ELIGIBILITY_TRACES, (gradients, dones, seed_values), plan, (_scale(gamma, lambda_),))
+    # gamma * lambda_ is checked before the tensors (as ever)
+    scaled = (scale("compute_eligibility_traces", gamma, lambda_),)
+    return call(ops.forward.ELIGIBILITY_TRACES, (gradients, dones, seed_values), plan, scaled)
 
 
 @compilable(like="inputs", n_out=1)

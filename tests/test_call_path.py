@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import rl_triton as R
-from rl_triton import _config, _dispatch, _ops, _validation
+from rl_triton import _config, _dispatch, _ops, _validation, ops
 from rl_triton import functional as F
+from rl_triton._discounts import hp
 from rl_triton.kernels import launch, plans
 from rl_triton.ops import gae
-from rl_triton.ops.utils import hp
 
 N, T = 5, 12
 
@@ -293,6 +293,36 @@ def test_an_explicit_plan_is_launched_and_cached_beside_the_chosen_one(recorded)
     recorded.clear()
     R.compute_gae(r, v, term, gamma=0.9, lambda_=0.8)
     assert recorded[0][0] is entry.plans[gae.GAE.at]
+
+
+# The plan kind each public function's calls have always taken (the launcher asks its Op's ``kind``)
+KINDS = {
+    "compute_gae": "gae", "compute_vtrace": "vtrace", "compute_retrace": "retrace",
+    "compute_discounted_returns": "returns", "compute_lambda_returns": "returns_nv",
+    "compute_eligibility_traces": "forward", "compute_episodic_prefix_sum": "forward",
+}  # fmt: skip
+
+
+def test_plan_kinds():
+    assert {fn: ops.kind_of(fn) for fn in KINDS} == KINDS
+    with pytest.raises(ValueError, match=r"kind must be one of .*got 'upgo'"):
+        plans.choose("upgo", N, T, torch.float32)
+    with pytest.raises(ValueError, match="no op of rl_triton.ops runs 'compute_upgo'"):
+        ops.kind_of("compute_upgo")
+
+
+def test_a_new_op_takes_an_existing_kinds_plans(recorded):
+    """An op of a function plans.py does not know names an existing kind: its calls launch that kind's plans,
+    kept under its own launch key."""
+    x = _inputs()
+    r, v, term = x["r"], x["v"], x["term"]
+    new = gae.GAE.variant(fn="compute_new", at=("new",), kind=lambda t: "gae")
+    R.compute_gae(r, v, term, gamma=0.9, lambda_=0.8)
+    _dispatch.call(new, (r, v, None, term, None, None), None, (0.9, 0.8))
+    (old_launch, _, _), (new_launch, _, _) = recorded
+    assert new_launch is not old_launch and new_launch.launches == old_launch.launches
+    entry = next(e for e in _validation._CACHE.values() if ("new",) in e.plans)
+    assert entry.plans[("new",)] is new_launch
 
 
 def test_the_ops_eager_calls_do_not_emit_the_op_again(monkeypatch):

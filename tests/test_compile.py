@@ -59,15 +59,24 @@ def test_eager_calls_do_not_use_the_op(monkeypatch):
     R.compute_gae(torch.ones(3), torch.zeros(3), torch.zeros(3), gamma=0.5, lambda_=1.0)
 
 
+def test_registration_checks_the_slots():
+    """A function with more tensor arguments than rl_triton::call has slots fails where it is registered."""
+    params = ", ".join(f"t{i}: torch.Tensor" for i in range(_ops._MAX_TENSORS + 1))
+    scope = {"torch": torch}
+    exec(f"def too_many({params}): pass", scope)
+    with pytest.raises(
+        TypeError, match=rf"too_many takes {_ops._MAX_TENSORS + 1} tensor slots.*carries {_ops._MAX_TENSORS}"
+    ):
+        _ops.compilable(like="t0", n_out=1)(scope["too_many"])
+    assert "too_many" not in _ops._REGISTRY
+
+
 def test_opcheck():
     x = _data("cpu", n=2, t=6)
     args = (
         "compute_gae",
         *_ops._pad([x["r"], x["v"].requires_grad_(True), x["term"], None, None, None]),
-        0.9,
-        0.8,
-        0.0,
-        0.0,
+        *_ops._pad_floats([0.9, 0.8]),
         "",
     )
     torch.library.opcheck(_ops._call, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))

@@ -20,6 +20,7 @@ import triton.language as tl
 import rl_triton as R
 from rl_triton.kernels import core, plans
 from rl_triton.kernels.plans import Form, Plan, Split
+from rl_triton.ops import kind_of
 from tests import reference
 from tests._helpers import F32_TOL
 
@@ -268,7 +269,7 @@ def _outputs(fn, kw, device, plan):
     kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     if plan == "time-major":
         t = kw["rewards" if "rewards" in kw else next(iter(kw))].shape[1]
-        kind = plans.KIND_OF[fn]
+        kind = kind_of(fn)
         chosen = plans.choose(kind, N, t, torch.float32, time_major=True, num_actions=4 if kind == "retrace" else 0)
         plan = dataclasses.replace(chosen, split=Split.LOOKBACK, window=4, chunks_per_block=1)
         kw = {k: _time_major(v) for k, v in kw.items()}

@@ -184,6 +184,7 @@ BAD_UNIT = [
     pytest.param(1.0001, id="above1"),
     pytest.param(2.0, id="2"),
     pytest.param(torch.tensor(1.5, dtype=torch.float64), id="tensor1.5"),
+    pytest.param(float("nan"), id="nan"),
 ]
 
 
@@ -192,7 +193,7 @@ BAD_UNIT = [
 def test_gamma_out_of_range(path, fn, value):
     kwargs = valid_kwargs(fn, SHAPE, device=path.device)
     kwargs["gamma"] = value
-    with pytest.raises(ValueError, match="gamma"):
+    with pytest.raises(ValueError, match=rf"^{fn}: 'gamma' must be in \[0, 1\], got "):
         call(fn, kwargs)
 
 
@@ -201,7 +202,7 @@ def test_gamma_out_of_range(path, fn, value):
 def test_lambda_out_of_range(path, fn, value):
     kwargs = valid_kwargs(fn, SHAPE, device=path.device)
     kwargs["lambda_"] = value
-    with pytest.raises(ValueError, match="lambda"):
+    with pytest.raises(ValueError, match=rf"^{fn}: 'lambda_' must be in \[0, 1\], got "):
         call(fn, kwargs)
 
 

@@ -425,10 +425,9 @@ def test_compile(path):
 
 
 def test_kernel_hand_off():
-    """What the kernel launchers will get (rl_triton.ops.utils.kernel_discount of the (N, T) views): a float
+    """What the kernel launchers will get (rl_triton._discounts.kernel_discount of the (N, T) views): a float
     with zero strides, a per-env tensor with time stride 0, a per-step one with its own strides."""
-    from rl_triton._validation import per_step_view
-    from rl_triton.ops.utils import kernel_discount
+    from rl_triton._discounts import kernel_discount, per_step_view
 
     assert kernel_discount(0.9) == (None, 0.9, 0, 0)
     env = torch.rand(4)

@@ -18,7 +18,6 @@ from tests._helpers import F32_TOL, assert_close, call_unmutated, non_contiguous
 
 NAMES = ["compute_gae", "compute_vtrace", "compute_retrace", "compute_discounted_returns", "compute_lambda_returns"]
 HAS_LAMBDA = {"compute_gae", "compute_retrace", "compute_lambda_returns"}
-KINDS = plans.KIND_OF
 
 
 def discount(n: int, t: int, form: str, device, dtype=torch.float32) -> torch.Tensor:

@@ -11,9 +11,8 @@ import torch
 
 import rl_triton as R
 from rl_triton.kernels import plans
+from rl_triton.ops import kind_of  # the launcher's plan kind of each function
 from tests._helpers import F32_TOL, FUNCTIONS, check, equal_results, valid_kwargs
-
-KINDS = plans.KIND_OF  # the launcher's kernel kind of each function
 
 # (N, T): T % 16 = 4, 8 or 12 (divisors 4, 8, 4), a multi-block row (T = 8196: the look-back), and T = 8
 # (exact rows for the reverse recurrences, which take no divisor; the divisor for the forward ones).
@@ -28,7 +27,7 @@ CASES = [
 @pytest.mark.parametrize("fn, shape", CASES)
 def test_row_divisor_keeps_the_bits(kernel_path, fn, shape):
     n, t = shape
-    plan = plans.choose(KINDS[fn], n, t, torch.float32, num_actions=4 if fn == "compute_retrace" else 0)
+    plan = plans.choose(kind_of(fn), n, t, torch.float32, num_actions=4 if fn == "compute_retrace" else 0)
     assert plan.row_div == (1 if plan.exact_t else {4: 4, 8: 8, 12: 4}[t % 16])
     torch.manual_seed(sum(shape))
     kwargs = valid_kwargs(fn, shape, device=kernel_path.device)

@@ -16,6 +16,7 @@ import rl_triton as R
 from rl_triton import _validation
 from rl_triton.kernels import plans
 from rl_triton.kernels.plans import Form, Split
+from rl_triton.ops import kind_of  # the launcher's plan kind of each function
 from tests import reference
 from tests._helpers import (
     F32_TOL,
@@ -30,12 +31,10 @@ from tests._helpers import (
 
 F32, BF16, F64 = torch.float32, torch.bfloat16, torch.float64
 
-KINDS = plans.KIND_OF  # the launcher's kernel kind of each function
-
 
 def _chosen(name, n, t, dtype=F32):
     """The launcher's plan of time-major rows of rl_triton.<name> (Retrace: valid_kwargs' 4 actions)."""
-    return plans.choose(KINDS[name], n, t, dtype, time_major=True, num_actions=4 if name == "compute_retrace" else 0)
+    return plans.choose(kind_of(name), n, t, dtype, time_major=True, num_actions=4 if name == "compute_retrace" else 0)
 
 
 def _tm(x):

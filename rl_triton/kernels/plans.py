@@ -74,13 +74,10 @@ class Plan:
     pi_tile: bool = False  # Retrace, exact env-major rows: pi(a_t | s_t) picked out of the weights tile
 
 
+# The kinds of launch plans: one per kernel measured here. Each op names the kind whose plans its calls take
+# (its ``kind``; rl_triton.ops.kind_of by public function): a new op names the existing kind its kernel is most
+# like ("forward" for a forward scan, else "gae" say) until plans measured for it are added here.
 KINDS = ("gae", "vtrace", "returns", "returns_nv", "forward", "retrace")
-# The kind of each public function's kernel (compute_lambda_returns: with next values, as it always has).
-KIND_OF = {
-    "compute_gae": "gae", "compute_vtrace": "vtrace", "compute_retrace": "retrace",
-    "compute_discounted_returns": "returns", "compute_lambda_returns": "returns_nv",
-    "compute_eligibility_traces": "forward", "compute_episodic_prefix_sum": "forward",
-}  # fmt: skip
 
 MAX_BT = 1024  # longest walked chunk
 BLOCK = 1024  # elements per program of packed short rows
@@ -382,7 +379,7 @@ def choose(kind: str, n: int, t: int, dtype: torch.dtype, *, time_major: bool = 
     """The plan of a call of fused kernel ``kind`` (one of :data:`KINDS`) on ``n`` rows of ``t`` steps of
     ``dtype`` (``time_major``: rows read from a (T, N) buffer; ``num_actions``: Retrace's A)."""
     if kind not in KINDS:
-        raise ValueError(f"choose: kind must be one of {KINDS}, got {kind!r}")
+        raise ValueError(f"choose: kind must be one of {KINDS} (a new op names an existing kind), got {kind!r}")
     if time_major:
         if kind == "retrace":
             plan = _retrace_time_major(n, t, num_actions, dtype)

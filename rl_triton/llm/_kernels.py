@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .. import _config
+from .._discounts import token_discount
 from ..distributed import _acc_dtype as _acc
 from ..kernels import core
 from ..kernels.core import AGGREGATES, LOOKBACK, RESCAN, _edge, _join4, _on, _split4, linear_combine
@@ -441,18 +442,6 @@ if _config.INTERPRET:  # the GAE pair map's scans as NumPy folds, beside the cor
 _AGGREGATES, _RESCAN, _LOOKBACK = int(Phase.AGGREGATES), int(Phase.RESCAN), int(Phase.LOOKBACK)
 
 
-def _hyper(h, acc: torch.dtype, ref: torch.Tensor):
-    """(pointer, float value, stride, is_pointer) for gamma / lam. Floats stay kernel arguments (float32)
-    except for float64 calls, which read a one-element float64 tensor (a fill, no host-to-device copy): the
-    core's (hi, lo) float32 halves (ops.utils.hp) carry 48 of a float64's 53 bits, and in float32 their sum can
-    round one ulp away from the float itself."""
-    if isinstance(h, float):
-        if acc == torch.float64:
-            return torch.full((1,), h, dtype=acc, device=ref.device), 0.0, 0, True
-        return ref, h, 0, False
-    return h, 0.0, h.stride(0), True
-
-
 class Partials(NamedTuple):
     """Per-program (count, sum, M2) of the valid entries, and ``st``: their combination [count, mean, M2] (the
     last program of the launch that computed them writes it)."""
@@ -558,8 +547,8 @@ def _scan(mode: int, r, v, m, gamma, lam, plan: TokenPlan):
     parts = _partials(grid[0] * nb, acc, r.device)
     pc, ps, pm, st = parts.pc, parts.ps, parts.pm, parts.st
     agg = torch.empty(b * nb * 5, dtype=acc, device=r.device) if nb > 1 else ps
-    pg, gv, sg, g_ptr = _hyper(gamma, acc, r)
-    pl, lv, sl, l_ptr = _hyper(lam if lam is not None else 0.0, acc, r)
+    pg, gv, sg, g_ptr = token_discount(gamma, acc, r)
+    pl, lv, sl, l_ptr = token_discount(lam if lam is not None else 0.0, acc, r)
     # 8 tokens a thread: at 16 the look-back's tile and maps fill 255 registers (one or two programs an SM)
     warps = plan.warps or min(16, max(4, bn * bt // 256))
     common = dict(

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .. import distributed
+from .._discounts import column, per_sequence
 from .._dispatch import use_kernels
 from ..distributed import _acc_dtype, _masked_moments
 from . import _torch
@@ -52,37 +53,6 @@ def _like(name: str, x, ref: torch.Tensor, ref_name: str, *, float_only: bool) -
 def _bool_mask(mask: torch.Tensor) -> torch.Tensor:
     """Nonzero = valid; a fresh bool tensor unless the mask already is one (never modified)."""
     return mask if mask.dtype == torch.bool else mask != 0
-
-
-def _hyper(name: str, x, b: int, ref: torch.Tensor):
-    """gamma / lam: a Python float, a 0-d tensor or a (B,) tensor. Returns a float or a (B,) tensor on
-    ref's device (0-d tensors on the CPU become floats; other 0-d tensors stay tensors, read without a sync)."""
-    if isinstance(x, torch.Tensor):
-        if x.dim() == 0 and x.device.type == "cpu":
-            x = float(x)
-        else:
-            if x.dim() == 0:
-                x = x.reshape(1).expand(b)
-            if x.shape != (b,):
-                raise ValueError(f"{name} must be a float, a 0-d tensor or a ({b},) tensor (one per sequence), "
-                                 f"got shape {tuple(x.shape)}")  # fmt: skip
-            if x.device != ref.device:
-                raise ValueError(f"{name} is on {x.device} but the inputs are on {ref.device}")
-            if not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64, torch.uint8)):
-                raise TypeError(f"{name} must be a real tensor, got {x.dtype}")
-            if x.device.type == "cpu" and x.numel() and not bool(((x >= 0) & (x <= 1)).all()):
-                raise ValueError(f"{name} must lie in [0, 1], got values in [{float(x.min())}, {float(x.max())}]")
-            return x
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a float, a 0-d tensor or a (B,) tensor, got {type(x).__name__}")
-    x = float(x)
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"{name} must lie in [0, 1], got {x}")
-    return x
-
-
-def _as_column(x, acc: torch.dtype):
-    return x if isinstance(x, float) else x.to(acc).reshape(-1, 1)
 
 
 def _check_count(count: torch.Tensor, need: int, check: bool) -> None:
@@ -252,7 +222,8 @@ def compute_gae_advantage_return(
     """
     r, m = _token_inputs(token_level_rewards, response_mask, values)
     b = r.shape[0]
-    gamma, lam = _hyper("gamma", gamma, b, r), _hyper("lam", lam, b, r)
+    fn = "compute_gae_advantage_return"
+    gamma, lam = per_sequence(fn, "gamma", gamma, b, r), per_sequence(fn, "lam", lam, b, r)
     plan = _plan(plan, r, "gae")
     if use_kernels(r.device):
         from . import _kernels
@@ -264,7 +235,7 @@ def compute_gae_advantage_return(
         return adv, ret
     acc = _acc_dtype(r.dtype)
     m = _bool_mask(m)
-    L = _torch.gae_scan(r, values, m, _as_column(gamma, acc), _as_column(lam, acc))
+    L = _torch.gae_scan(r, values, m, column(gamma, acc), column(lam, acc))
     ret = (L + values.to(acc)).to(r.dtype)
     return _whiten_local(L, m, process_group, r.dtype, check), ret
 
@@ -315,7 +286,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
         if config is None:
             raise TypeError("compute_reinforce_plus_plus_outcome_advantage: pass gamma= (or config with .gamma)")
         gamma = config["gamma"] if isinstance(config, dict) else config.gamma
-    gamma = _hyper("gamma", gamma, r.shape[0], r)
+    gamma = per_sequence("compute_reinforce_plus_plus_outcome_advantage", "gamma", gamma, r.shape[0], r)
     plan = _plan(plan, r, "reinforce_pp")
     if use_kernels(r.device):
         from . import _kernels
@@ -327,7 +298,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
         return adv, ret
     acc = _acc_dtype(r.dtype)
     m = _bool_mask(m)
-    G = _torch.reinforce_pp_returns(r, m, _as_column(gamma, acc))
+    G = _torch.reinforce_pp_returns(r, m, column(gamma, acc))
     adv = _whiten_local(G, m, process_group, r.dtype, check)
     return torch.where(m, adv, 0).to(r.dtype), G.to(r.dtype)
 

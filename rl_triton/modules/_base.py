@@ -39,6 +39,7 @@ from torch.compiler import is_compiling
 from torchrl.objectives.utils import hold_out_net
 from torchrl.objectives.value.advantages import _standardize_by_group
 
+from .._discounts import in_unit
 from ._common import as_float, common_float_dtype, discount_rows, from_rows, missing_entry, rows_shape, to_rows
 
 # --------------------------------------------------------------------------------------------
@@ -366,7 +367,7 @@ class RLTritonEstimator(CachedScalars):
                 if value is None:
                     if buf is not None:
                         value = discount_rows(buffer_on(buf, like.device), like.shape, time_dim, like.dtype)
-                elif type(value) is float and not 0.0 <= value <= 1.0:  # a tensor: traced, checked by the op
+                elif not in_unit(value):  # (a tensor: traced, checked by the op)
                     value = None
             if value is None:
                 return None

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 from torch.compiler import is_compiling
 
+from .._discounts import values_in_unit
+
 # --------------------------------------------------------------------------------------------
 # layout
 
@@ -93,19 +95,6 @@ def as_float(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
-def in_unit(*values: float | None) -> bool:
-    """All values are known and in [0, 1] (the range rl_triton accepts for gamma and lambda). A plain
-    loop, not a generator: the estimators' fast paths call this on every step."""
-    for v in values:
-        if v is None:
-            return False
-        if type(v) is not float and isinstance(v, torch.Tensor):
-            continue  # a buffer under torch.compile (:meth:`CachedScalars._scalar`): checked by the op at run time
-        if not 0.0 <= v <= 1.0:
-            return False
-    return True
-
-
 def discount_rows(
     g: torch.Tensor, shape: Sequence[int], dim: int | None, dtype: torch.dtype | None = None
 ) -> torch.Tensor | None:
@@ -127,7 +116,7 @@ def discount_rows(
     except RuntimeError:
         return None
     # (under torch.compile the function called checks a CPU tensor at run time: a check here would break the graph)
-    if not is_compiling() and g.device.type == "cpu" and g.numel() and not bool(((g >= 0) & (g <= 1)).all()):
+    if not is_compiling() and not values_in_unit(g):
         return None
     full = g.expand(shape)
     return full if dim is None else to_rows(full, dim)

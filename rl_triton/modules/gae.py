@@ -16,6 +16,7 @@ from torchrl.objectives.value import functional as _trl_fn
 from torchrl.objectives.value.advantages import _self_set_grad_enabled, _self_set_skip_existing, set_skip_existing
 
 from .. import functional as F
+from .._discounts import in_unit
 from ._base import RLTritonEstimator, buffer_on, in_shape_of, no_batch_dims, no_params, on_rows
 from ._common import copy_signature, same_shapes
 from ._registry import torchrl_estimator
@@ -115,9 +116,7 @@ class GAE(RLTritonEstimator, _trl.GAE):
         if self.auto_reset_env:
             return None
         gamma, lmbda = self._scalar("gamma"), self._scalar("lmbda")
-        if gamma is None or lmbda is None or not (0.0 <= gamma <= 1.0 and 0.0 <= lmbda <= 1.0):  # in_unit, inline
-            return None
-        return gamma, lmbda
+        return (gamma, lmbda) if in_unit(gamma, lmbda) else None
 
     def _fast_targets(self, tensordict, value, next_value, reward, done, terminated, rows, scalars):
         gamma, lmbda = scalars

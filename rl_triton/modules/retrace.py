@@ -13,13 +13,13 @@ from torchrl.objectives.utils import hold_out_net
 from torchrl.objectives.value.advantages import ValueEstimatorBase, _self_set_grad_enabled, _self_set_skip_existing
 
 from .. import functional as F
+from .._discounts import check_values, in_unit, out_of_range
 from ._base import RLTritonEstimator, no_batch_dims
 from ._common import (
     axis,
     common_float_dtype,
     discount_rows,
     expose_inherited_keys,
-    in_unit,
     missing_entry,
     non_negative,
     to_rows,
@@ -174,12 +174,11 @@ class Retrace(RLTritonEstimator, ValueEstimatorBase):
         for name, value in (("gamma", gamma), ("lmbda", lmbda)):
             buf = self._buffers[name]
             if value is None and buf.numel() != 1 and not buf.requires_grad and buf.is_floating_point():
-                if buf.device.type == "cpu" and not bool(((buf >= 0) & (buf <= 1)).all()):
-                    raise ValueError(f"Retrace: {name} must be in [0, 1], got values in [{buf.min()}, {buf.max()}]")
+                check_values("Retrace", name, buf)
                 tensors[name] = buf
+            elif not in_unit(value):
+                raise out_of_range("Retrace", name, value)
         gamma, lmbda = tensors.get("gamma", gamma), tensors.get("lmbda", lmbda)
-        if not in_unit(*(v for v in (gamma, lmbda) if not isinstance(v, torch.Tensor))):
-            raise ValueError(f"Retrace: gamma and lmbda must be in [0, 1], got gamma={gamma}, lmbda={lmbda}")
         if not non_negative(c_bar, rho_bar):
             raise ValueError(f"Retrace: c_bar and rho_bar must be >= 0, got c_bar={c_bar}, rho_bar={rho_bar}")
         return gamma, lmbda, c_bar, rho_bar

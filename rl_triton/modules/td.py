@@ -16,8 +16,9 @@ from torchrl.objectives.value import functional as _trl_fn
 from torchrl.objectives.value.advantages import _self_set_grad_enabled, _self_set_skip_existing
 
 from .. import functional as F
+from .._discounts import in_unit
 from ._base import ROLES, RLTritonEstimator, buffer_on, in_shape_of, no_batch_dims, no_params, on_rows
-from ._common import as_float, common_float_dtype, copy_signature, in_unit, missing_entry, same_shapes
+from ._common import as_float, common_float_dtype, copy_signature, missing_entry, same_shapes
 from ._registry import torchrl_estimator
 
 __all__ = ["TD0Estimator", "TD1Estimator", "TDLambdaEstimator"]

@@ -6,8 +6,9 @@ import torch
 from torchrl.envs.transforms import Reward2GoTransform as _TorchRLReward2Go
 
 from .. import functional as F
+from .._discounts import in_unit
 from ._base import CachedScalars
-from ._common import copy_signature, from_rows, in_unit, to_rows
+from ._common import copy_signature, from_rows, to_rows
 
 __all__ = ["Reward2GoTransform"]
 

@@ -7,17 +7,31 @@ the PyTorch path, the Triton prologue, epilogue and kernel, and the argument bui
 - :mod:`.returns`: discounted and TD(lambda) returns, one kernel (``compute_discounted_returns``,
   ``compute_lambda_returns``, ``returns_with_advantages``)
 - :mod:`.forward`: eligibility traces and episodic prefix sums, one forward kernel
-- :mod:`.common`: the Triton helpers several algorithms share; :mod:`.utils`: the host-side ones (the spec, the
-  hyper-parameters' kernel form, the PyTorch helpers)
+- :mod:`.common`: the Triton helpers several algorithms share; :mod:`.utils`: the host-side ones (the spec and
+  the PyTorch helpers)
 """
 
 import importlib
-
-_ALGORITHMS = ("gae", "vtrace", "retrace", "returns", "forward")
+import importlib.util
+import pkgutil
 
 
 def __getattr__(name: str):
-    """The algorithms load on first use (they import Triton): ``rl_triton.ops.gae`` imports ops/gae.py."""
-    if name in _ALGORITHMS:
+    """The algorithms load on first use (they import Triton): ``rl_triton.ops.gae`` imports ops/gae.py, and so
+    for any file of this folder (a new algorithm's included)."""
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def kind_of(fn: str) -> str:
+    """The launch plans' kind (:data:`rl_triton.kernels.plans.KINDS`) of a call of public function ``fn`` with its
+    required tensors: what the ``kind`` of its first :class:`.utils.Op` names (the launcher asks the Op of each
+    call; the tuning tool and the tests ask this). Loads every algorithm."""
+    from .utils import Op
+
+    for info in pkgutil.iter_modules(__path__):
+        for op in vars(importlib.import_module(f".{info.name}", __name__)).values():
+            if isinstance(op, Op) and op.fn == fn:
+                return op.kind(dict.fromkeys(op.required, True))
+    raise ValueError(f"kind_of: no op of rl_triton.ops runs {fn!r}")

@@ -15,10 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .._discounts import hp
 from ..kernels import core
 from ..kernels.core import PLAIN
 from ..scan import shift
-from .utils import Op, acc, as_float, flag, hp
+from .utils import Op, acc, as_float, flag
 
 # The spec (see ops/gae.py): the traces' input is named gradients, the reference's inputs. The scale is checked
 # by the public functions (a float >= 0). Output: the traces or sums.

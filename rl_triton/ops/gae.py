@@ -14,22 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .._discounts import disc, discount_of, hp, tensor_flags
 from ..kernels import core
 from ..kernels.core import hp_scalar
 from .common import discount, next_value, step_context, store_with_value
-from .utils import (
-    Op,
-    acc,
-    as_float,
-    bootstrap_flags,
-    boundary,
-    disc,
-    discount_of,
-    hp,
-    next_values,
-    tensor_flags,
-    unless,
-)  # fmt: skip
+from .utils import Op, acc, as_float, bootstrap_flags, boundary, next_values, unless
 
 # The spec: the tensors in the validation cache key's order and their roles, the required and the differentiable
 # ones, the hyper-parameters (1.0: a discount in [0, 1]). gae_with_next_values passes next_values as

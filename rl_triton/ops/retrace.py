@@ -15,11 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .._discounts import disc, discount_of, hp, tensor_flags
 from ..kernels import core, plans
 from ..kernels.core import ENV_GROUPS
 from ..scan import shift
 from .common import discount, step_context, store_off_policy
-from .utils import Op, acc, as_float, boundary, disc, discount_of, hp, tensor_flags, unless
+from .utils import Op, acc, as_float, boundary, unless
 
 # The spec (see ops/gae.py). Outputs: the Q targets and the advantages.
 TENSORS = (

@@ -18,9 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .._discounts import disc, discount_of, hp, tensor_flags
 from ..kernels import core
 from .common import discount, step_context, store_with_value
-from .utils import Op, acc, as_float, bootstrap, boundary, disc, discount_of, hp, tensor_flags, unless
+from .utils import Op, acc, as_float, bootstrap, boundary, unless
 
 # The spec (see ops/gae.py), per function: the discounted returns take no next_values, the lambda returns no
 # values; returns_with_advantages takes the values for its second output, G - values.

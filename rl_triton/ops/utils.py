@@ -1,17 +1,16 @@
 """Host-side pieces every algorithm of :mod:`rl_triton.ops` shares: the :class:`Op` spec the generic call path
-(:func:`rl_triton._dispatch.call`) is driven by, the kernels' form of the hyper-parameters (float32 halves,
-tensor discounts), and the PyTorch helpers of the reference prologues and epilogues."""
+(:func:`rl_triton._dispatch.call`) is driven by, the kernels' accumulation dtype and flags, and the PyTorch helpers
+of the reference prologues and epilogues. The hyper-parameters' kernel form (float32 halves, tensor discounts) is
+:mod:`rl_triton._discounts`'."""
 
 from __future__ import annotations
 
-import functools
-import warnings
 from collections.abc import Callable
 
-import numpy as np
 import torch
 import triton.language as tl
 
+from .._discounts import plain
 from ..scan import shift
 
 # --------------------------------------------------------------------------------------------
@@ -57,7 +56,7 @@ class Op:
         self.reference, self.kernel, self.args, self.constexprs, self.kind = reference, kernel, args, constexprs, kind
         self.at, self.two, self.data, self.probabilities, self.rename = at, two, data, probabilities, rename
         self.actions = "actions" in self.roles
-        self.plain = _PLAIN[self.limits]
+        self.plain = plain(self.limits)
 
     def variant(self, **changes) -> Op:
         """This op with some of its constructor's arguments changed."""
@@ -72,89 +71,13 @@ class Op:
         return Op(**given)
 
 
-# The fast path's test that a call's hyper-parameters are floats in range, as launched (anything else takes the
-# checks of _dispatch): one function per form of the hyper-parameters, since a loop over them costs a cached call
-# more host time than the whole test (docs/performance.md).
-
-
-def _plain_discount(h: tuple) -> bool:
-    (g,) = h
-    return type(g) is float and 0.0 <= g <= 1.0
-
-
-def _plain_discounts(h: tuple) -> bool:
-    g, lam = h
-    return type(g) is float and type(lam) is float and 0.0 <= g <= 1.0 and 0.0 <= lam <= 1.0
-
-
-def _plain_discount_bars(h: tuple) -> bool:
-    g, x, y = h
-    return type(g) is float and type(x) is float and type(y) is float and 0.0 <= g <= 1.0 and x >= 0.0 and y >= 0.0
-
-
-def _plain_discounts_bars(h: tuple) -> bool:
-    g, lam, x, y = h
-    return (
-        type(g) is float and type(lam) is float and type(x) is float and type(y) is float and 0.0 <= g <= 1.0
-        and 0.0 <= lam <= 1.0 and x >= 0.0 and y >= 0.0
-    )  # fmt: skip
-
-
-def _checked(h: tuple) -> bool:
-    return True
-
-
-_PLAIN = {
-    (1.0,): _plain_discount, (1.0, 1.0): _plain_discounts, (1.0, None, None): _plain_discount_bars,
-    (1.0, 1.0, None, None): _plain_discounts_bars, (0.0,): _checked,
-}  # fmt: skip
-
-
 # --------------------------------------------------------------------------------------------
-# Hyper-parameters as the kernels take them
-
-
-@functools.lru_cache(maxsize=256)
-def hp(x: float) -> tuple[float, float]:
-    """``x`` as float32 ``(hi, lo)`` with ``hi + lo`` equal to ``x`` to ~1e-15 relative (Triton passes
-    Python floats as float32)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # overflow to inf is fine: hi carries it
-        hi = float(np.float32(x))
-        lo = float(np.float32(x - hi)) if np.isfinite(hi) else 0.0
-    return hi, lo
+# The kernels' accumulation dtype and flags
 
 
 def acc(dtype: torch.dtype):
     """The kernels' accumulation dtype (their ACC constexpr) for inputs of ``dtype``."""
     return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def kernel_discount(value: float | torch.Tensor) -> tuple[torch.Tensor | None, float, int, int]:
-    """gamma or lambda_ as a kernel reads it: ``(tensor or None, float, stride_n, stride_t)``. A float gives
-    ``(None, value, 0, 0)``; a per-step view (``_validation.per_step_view``) ``(view, 0.0, s_n, s_t)`` with its
-    strides in elements: ``s_t = 0`` for a per-env tensor, and the element of env n at step t is at
-    ``view.data_ptr() + (n * s_n + t * s_t) * view.element_size()``, in ``view.dtype`` (any float dtype)."""
-    if type(value) is float:
-        return None, value, 0, 0
-    s_n, s_t = value.stride()
-    return value, 0.0, s_n, s_t
-
-
-def disc(x, dummy: torch.Tensor) -> tuple:
-    """gamma or lambda_ as the kernels take a discount: ``(hi, lo, pointer, stride_n, stride_t)``. A float's halves
-    (:func:`hp`) and ``dummy``, a valid pointer of the call that the kernel never reads (a pointer, not an int: an
-    int there changed the float kernels' registers and SASS); a tensor's (N, T) view (:func:`kernel_discount`) and
-    its strides. The argument builders inline the float case (it runs on every launch)."""
-    if isinstance(x, torch.Tensor):
-        view, _, s_n, s_t = kernel_discount(x)
-        return 0.0, 0.0, view, s_n, s_t
-    return (*hp(x), dummy, 0, 0)
-
-
-def tensor_flags(gamma, lambda_=None) -> dict:
-    """G_TENSOR and L_TENSOR: which discounts are tensors (the kernels read them at every step)."""
-    return dict(G_TENSOR=isinstance(gamma, torch.Tensor), L_TENSOR=isinstance(lambda_, torch.Tensor))
 
 
 def bootstrap_flags(t: dict, next_all: bool) -> dict:
@@ -180,13 +103,6 @@ Tensors = dict[str, "torch.Tensor | None"]
 def as_float(t: Tensors, name: str, acc: torch.dtype) -> torch.Tensor | None:
     x = t.get(name)
     return None if x is None else x.to(acc)
-
-
-def discount_of(s: dict, name: str, acc: torch.dtype):
-    """gamma or lambda_: a float, or the call's (N, T) per-step view (per-env ones have time stride 0) in the
-    accumulation dtype; every formula reads it elementwise, gamma_t and lambda_t at step t."""
-    x = s[name]
-    return x if type(x) is float else x.to(acc)
 
 
 def flag(t: Tensors, name: str, like: torch.Tensor) -> torch.Tensor:

@@ -15,10 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .._discounts import disc, discount_of, hp
 from ..kernels import core
 from ..scan import shift
 from .common import discount, next_value, step_context, store_off_policy
-from .utils import Op, acc, as_float, bootstrap_flags, boundary, disc, discount_of, hp, next_values, unless
+from .utils import Op, acc, as_float, bootstrap_flags, boundary, next_values, unless
 
 # The spec (see ops/gae.py): vtrace_with_next_values passes next_values as bootstrap_values and dones as
 # truncateds. Outputs: vs and the advantages.

@@ -240,17 +240,19 @@ def test_errors(path):
         gae(r, v.double(), m, 0.9, 0.9)
     with pytest.raises(TypeError, match="token_level_rewards must be a floating"):
         gae(r.long(), v, m, 0.9, 0.9)
-    with pytest.raises(ValueError, match=r"gamma must lie in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"^compute_gae_advantage_return: 'gamma' must be in \[0, 1\], got 1.5$"):
         gae(r, v, m, 1.5, 0.9)
+    with pytest.raises(ValueError, match=r"^compute_gae_advantage_return: 'lam' must be in \[0, 1\], got nan$"):
+        gae(r, v, m, 0.9, float("nan"))
     bad_lam = torch.tensor([0.5, 2.0, 0.5], device=r.device)
     if r.device.type == "cpu":
-        with pytest.raises(ValueError, match=r"lam must lie in \[0, 1\]"):
+        with pytest.raises(ValueError, match=r"'lam' must be in \[0, 1\], got values in \[0.5, 2.0\]"):
             gae(r, v, m, 0.9, bad_lam)
     else:  # the range of a device tensor is not checked (that would be a host sync)
         gae(r, v, m, 0.9, bad_lam)
-    with pytest.raises(ValueError, match=r"lam must be a float, a 0-d tensor or a \(3,\) tensor"):
+    with pytest.raises(ValueError, match=r"'lam' must be a float, a 0-d tensor or a \(3,\) tensor"):
         gae(r, v, m, 0.9, torch.full((2,), 0.5))
-    with pytest.raises(TypeError, match="gamma must be a float"):
+    with pytest.raises(TypeError, match="'gamma' must be a float"):
         gae(r, v, m, "0.9", 0.9)
     with pytest.raises(ValueError, match="index must have length B = 3"):
         llm.compute_grpo_outcome_advantage(r, m, torch.arange(4))
@@ -271,7 +273,7 @@ def test_errors_devices():
     r, v, m = token_batch(3, 6, "cuda")
     with pytest.raises(ValueError, match="values is on cpu"):
         llm.compute_gae_advantage_return(r, v.cpu(), m, 0.9, 0.9)
-    with pytest.raises(ValueError, match="gamma is on cpu"):
+    with pytest.raises(ValueError, match="'gamma' is on cpu"):
         llm.compute_gae_advantage_return(r, v, m, torch.full((3,), 0.9), 0.9)
     adv, _ = llm.compute_gae_advantage_return(r, v, m, torch.tensor(0.9), torch.tensor(0.9, device="cuda"))
     assert adv.device.type == "cuda"

@@ -214,8 +214,10 @@ def test_retrace_errors(path):
     from rl_triton.modules import Retrace
     from tests.modules.test_retrace_module import retrace_rollout
 
-    with pytest.raises(ValueError, match="gamma must be in"):
+    with pytest.raises(ValueError, match=r"^Retrace: 'gamma' must be in \[0, 1\], got values in \[1.5, 1.5\]"):
         Retrace(gamma=torch.full((3, 13, 1), 1.5))
+    with pytest.raises(ValueError, match=r"^Retrace: 'lmbda' must be in \[0, 1\], got -0.5"):
+        Retrace(gamma=0.9, lmbda=-0.5)
     with pytest.raises(ValueError, match="c_bar must be a scalar"):
         Retrace(gamma=0.9, c_bar=torch.ones(3))
     with pytest.raises(ValueError, match="does not broadcast"):
