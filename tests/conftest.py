@@ -24,8 +24,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import rl_triton  # noqa: E402
+from tests import _interpreter  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+if rl_triton.INTERPRET:
+    # Triton's interpreter re-patches triton.language on every device-function call; once per launch is enough
+    # (tests/_interpreter.py: about half of the interpreted kernels' time)
+    _interpreter.install()
 COMPILED = CUDA and not rl_triton.INTERPRET  # compiled kernels on the GPU
 
 # pytest-xdist runs a worker per core: torch's intra-op threads would only contend with the other workers (the
