@@ -16,6 +16,11 @@ SPLITS = {"single": None, "two-pass": Split.TWO_PASS, "lookback": Split.LOOKBACK
 @pytest.mark.parametrize("split", list(SPLITS))
 @pytest.mark.parametrize("fn", ["gae", "vtrace", "retrace", "lambda", "traces"])
 def test_bitwise_repeatable(kernel_path, split, fn):
+    if kernel_path.name == "interpret" and SPLITS[split] is not Split.LOOKBACK:
+        pytest.skip(
+            "interpreter: its programs run one after another in a fixed order and this plan keeps no state between "
+            "calls, so two calls cannot differ; only on a GPU (the look-back's flags, kept between calls, run here)"
+        )
     plan = None
     if SPLITS[split] is not None:
         plan = Plan(1, 32, 4, Form.PLAIN if fn in FORWARD else Form.GROUPS4, SPLITS[split], window=4)

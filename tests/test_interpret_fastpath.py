@@ -60,3 +60,34 @@ def test_fast_fold_matches_loop(kernel, n_out, reverse, plain):
     out = torch.empty(n_out, 4, 16, dtype=torch.float64)
     kernel[(1,)](a, b, out, REVERSE=reverse, BN=4, BT=16, PLAIN=plain)
     np.testing.assert_allclose(out.numpy(), _loop(a.numpy(), b.numpy(), reverse)[:n_out], rtol=1e-12, atol=1e-12)
+
+
+@triton.jit
+def _inner(x):
+    return tl.abs(x) + 1.0
+
+
+@triton.jit
+def _outer(p_in, p_out, BN: tl.constexpr):
+    off = tl.program_id(0) * BN + tl.arange(0, BN)
+    tl.store(p_out + off, _inner(_inner(tl.load(p_in + off))))
+
+
+def test_language_patched_once_per_launch(monkeypatch):
+    """tests/_interpreter.py (installed by tests/conftest.py): a launch patches triton.language once, its
+    device-function calls do not patch it again, the results are the interpreter's, and Triton's builtins are
+    back after the launch."""
+    from triton.runtime import interpreter as ti
+
+    if not hasattr(ti, "_patch_lang_core"):
+        pytest.skip("this Triton's interpreter has no _patch_lang_core: tests/_interpreter.py installs nothing")
+    assert getattr(ti._patch_lang, "_rl_triton_tests", False), "tests/_interpreter.py is not installed"
+    calls = []
+    original = ti._patch_lang_core
+    monkeypatch.setattr(ti, "_patch_lang_core", lambda *a: calls.append(1) or original(*a))
+    x = torch.randn(2, 8, dtype=torch.float64)
+    out = torch.empty_like(x)
+    _outer[(2,)](x, out, BN=8)  # 2 programs, 2 device-function calls each: 4 more patchings without the hook
+    assert len(calls) == 1
+    torch.testing.assert_close(out, (x.abs() + 1.0).abs() + 1.0, rtol=0, atol=0)
+    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.abs)

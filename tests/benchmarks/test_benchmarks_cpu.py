@@ -40,6 +40,17 @@ def _expected(fn: str) -> set[str]:
     return names
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _smoke_budget():
+    """The fewest timed calls the CPU timer allows (one warm-up, MIN_REPS timed): on the CPU the times mean
+    nothing, these tests check what is verified, recorded and written."""
+    from benchmarks import timing
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timing, "CPU", timing.Budget(0, 0, call_warmup=1, call_reps=timing.MIN_REPS, call_budget_s=0.0))
+        yield
+
+
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     """One --no-update run of the seven functions at the default CPU shape (4x16)."""

@@ -57,21 +57,46 @@ def test_tune_varies_plan_fields():
         tune.parse_vary(["blocks=3"])
 
 
-def _offline(*argv):
-    """benchmarks.tune --offline in a child process (the suite may run under TRITON_INTERPRET=1, whose kernels
-    do not compile)."""
+def _child(cmd):
+    """The JSON that ``cmd`` prints, run in a child process without TRITON_INTERPRET (the suite may run under
+    TRITON_INTERPRET=1, whose kernels do not compile)."""
     import json
     import os
     import subprocess
-    import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "benchmarks.tune", *argv, "--offline", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0 and "ptxas" in proc.stderr:
         pytest.skip(f"no working ptxas: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
+
+
+def _offline(*argv):
+    """benchmarks.tune --offline in a child process, as a user runs it."""
+    import sys
+
+    return _child([sys.executable, "-m", "benchmarks.tune", *argv, "--offline", "--json"])
+
+
+_MANY = """
+import contextlib, io, json, sys
+from benchmarks import tune
+rows = []
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        rows.append(tune.main([*argv, "--offline"]))
+print(json.dumps(rows))
+"""
+
+
+def _offline_many(*argvs):
+    """benchmarks.tune --offline for each of ``argvs``, one after the other in one child process (one import of
+    torch and Triton, about 4 s, instead of one per compile); a list of each one's rows."""
+    import json
+    import sys
+
+    return _child([sys.executable, "-c", _MANY, json.dumps(argvs)])
 
 
 def test_tune_compiles_plans_for_sm90(monkeypatch):
@@ -92,7 +117,7 @@ def test_tune_compiles_plans_for_sm90(monkeypatch):
         pass
 
 
-_TM_COMPILES = [  # every kernel, every time-major form, both splits: each a compile of its own (about 4 s)
+_TM_COMPILES = [  # every kernel, every time-major form, both splits: each a compile of its own (about 2 s)
     ("gae", 4096, 24), ("vtrace", 4096, 8), ("lambda", 4096, 24), ("returns", 4096, 2048), ("gae", 64, 2048),
     ("prefix", 64, 2048), ("retrace", 4096, 24), ("retrace", 64, 2048),
 ]  # fmt: skip
@@ -103,9 +128,9 @@ def test_time_major_launches_compile_for_sm90():
     tiles, the forward scans' plain tiles, the two-pass split, the look-back over blocks of envs. The
     interpreter runs the kernels as Python, so it cannot catch what only Triton's compiler rejects (such as a
     constexpr branch returning tiles of another shape)."""
-    launches = [
-        r for fn, n, t in _TM_COMPILES for row in _offline(fn, f"{n}x{t}", "--time-major") for r in row["launches"]
-    ]
+    found = _offline_many(*([fn, f"{n}x{t}", "--time-major"] for fn, n, t in _TM_COMPILES))
+    assert len(found) == len(_TM_COMPILES)
+    launches = [r for rows in found for row in rows for r in row["launches"]]
     assert all(r["constexprs"]["TM"] >= 1 and r["registers"] > 0 and r["stack_bytes"] == 0 for r in launches)
     forms = {r["constexprs"].get("FORM") for r in launches}
     assert forms >= {Form.GROUPS4, Form.ENV_GROUPS, Form.DESCENDING, None}  # None: the forward kernel's tiles
