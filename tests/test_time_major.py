@@ -71,7 +71,8 @@ _SHAPES = [
     pytest.param((3, 5), id="N3-T5"),  # fewer envs than one block; env-major groups
     pytest.param((40, 8), id="N40-T8"),  # envs a multiple of 8, one group of 8 steps
     pytest.param((33, 7), id="N33-T7"),  # envs not a multiple of 2
-    pytest.param((64, 100), id="N64-T100"),  # several 64-step chunks
+    pytest.param((64, 100), id="N64-T100"),  # several 64-step chunks; whole env blocks (no env mask) where taken
+    pytest.param((64, 128), id="N64-T128"),  # ... and rows of whole chunks: no mask at all
     pytest.param((70, 300), id="N70-T300"),  # envs in 2s, several chunks
     pytest.param((2, 700), id="N2-T700"),  # few envs: rows split into time blocks (two passes)
 ]
@@ -280,6 +281,16 @@ _POLICY = [
     ("vtrace", 4096, 2048, F32, 0, dict(split=Split.LOOKBACK)),
     ("vtrace", 4096, 2048, BF16, 0, dict(split=Split.TWO_PASS)),
     ("vtrace", 256, 8192, BF16, 0, dict(split=Split.LOOKBACK)),
+    # whole chunks drop the time mask; env counts in whole blocks, the env mask (env_div = bn) where taken
+    ("gae", 16384, 512, F32, 0, dict(whole=True, env_div=32)),
+    ("gae", 4096, 2048, F32, 0, dict(split=Split.LOOKBACK, whole=True, env_div=8)),
+    ("gae", 4096, 2048, BF16, 0, dict(split=Split.LOOKBACK, whole=True, env_div=32)),
+    ("gae", 16384, 512, F64, 0, dict(whole=True, env_div=8)),
+    ("gae", 100, 37, F32, 0, dict(whole=False, env_div=4)),
+    ("returns", 16384, 512, F32, 0, dict(whole=True, env_div=1)),
+    ("returns_nv", 16384, 512, F32, 0, dict(env_div=32)),
+    ("forward", 16384, 512, F32, 0, dict(whole=True, env_div=1)),
+    ("retrace", 16384, 512, F32, 4, dict(whole=True, env_div=32)),
 ]
 
 

@@ -17,7 +17,9 @@ finite (the kernels build them so), so only the offsets ``b`` and the states nee
 Inside a chunk whose offsets are all finite the combines' selects change nothing (``0 * x + b`` is ``b``
 for finite ``x``, but for the sign of a zero ``b``) and cost instructions on every element, so
 :func:`scan_rows` tests each chunk (:func:`chunk_non_finite`) and takes the plain combines (plain_combine)
-unless an offset is NaN or infinite. The carry entering a chunk can come from another episode of the row
+unless an offset is NaN or infinite. Time-major rows are the exception: their programs walk many chunks of 64
+steps, where the test and its second path cost more registers and time than the selects (docs/performance.md),
+so they always take the contained combines. The carry entering a chunk can come from another episode of the row
 whatever the chunk holds, so it is always applied with the select, which costs one select per element. An
 overflow of the plain partial sums (coefficients above 1 over long stretches) is not contained, as the products
 of coefficients never were.
@@ -678,8 +680,9 @@ def env_block(
     otherwise), read here so that the load overlaps the inputs' (:func:`lookback`). Look-back blocks are
     numbered by program id, which relies on the GPU starting programs in the order of their ids (as CUB's
     decoupled look-back does). TM: time-major rows (:func:`time_stride`), whose first elements are the env
-    ids themselves. FULL (EXACT_T, :func:`row_length`, or WHOLE, :func:`chunk`) with one env per program: the
-    env mask is a constant (a program per env), so that with the time mask gone every mask folds away. V-trace
+    ids themselves; TM >= BN (the launcher found N a multiple of the env block) makes the env mask a constant.
+    FULL (EXACT_T, :func:`row_length`, or WHOLE, :func:`chunk`) with one env per program: the env mask is a
+    constant (a program per env), so that with the time mask gone every mask folds away. V-trace
     never passes it, Retrace only with WHOLE: their rows of 4 or 8 steps would round differently (the constant
     mask changes which products the compiler fuses into FMAs)."""
     N = env_count(N, TM)
@@ -700,7 +703,7 @@ def env_block(
         o_row = o_n.to(tl.int64)
     else:
         o_row = o_n.to(tl.int64) * T
-    if FULL and BN == 1:
+    if (FULL and BN == 1) or TM >= BN:
         m_n = tl.full([BN], True, tl.int1)
     else:
         m_n = o_n < N
@@ -813,8 +816,14 @@ def scan_rows(
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
         b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
-        # selects in the combines only for a chunk with a non-finite offset (the module docstring)
-        if chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST):
+        # selects in the combines only for a chunk with a non-finite offset (the module docstring); time-major
+        # programs walk many short chunks, where the test's second path cost more than the selects it saves
+        if TM > 0:
+            b_x, b_xn, b_carry, b_Ac = block_states(
+                b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
+                NKP, PHASE, ZERO, NEXT, SEEDED, True,
+            )  # fmt: skip
+        elif chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST):
             b_x, b_xn, b_carry, b_Ac = block_states(
                 b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
                 NKP, PHASE, ZERO, NEXT, SEEDED, True,

@@ -68,7 +68,7 @@ class Plan:
     exact_t: bool = False  # T == BT: the row length is a constexpr, so every mask of the chunk folds away
     whole: bool = False  # T is a multiple of BT: no time mask
     row_div: int = 1  # T is a multiple of this (lets Triton prove 4- and 8-step rows aligned)
-    env_div: int = 1  # time-major rows: N is a multiple of this (vector loads along the envs)
+    env_div: int = 1  # time-major rows: N is a multiple of this (vector loads along the envs; bn: no env mask)
     pieces: bool = False  # Retrace: one action tile per binary digit of A instead of one padded tile
     shift: bool = False  # Retrace, exact env-major rows: c_{t+1} and q_{t+1} shifted in registers
     pi_tile: bool = False  # Retrace, exact env-major rows: pi(a_t | s_t) picked out of the weights tile
@@ -166,6 +166,12 @@ _TM_MAX_LOOKBACK = 2048  # look-back rows up to this many blocks are read in pla
 _TM_ENV_DIV = {"returns": 1, "forward": 1}  # vector loads along the envs lost for these (8 otherwise)
 _TM_ENV_DIV_LOOKBACK = {"forward": 1}
 _TM_LOOKBACK_MIN_SPLIT = {"returns": {4: 64, 2: 64}, "vtrace": {2: 64}}  # kind -> element size -> blocks
+# Time-major plans whose env count divides by their env block take it as env_div, which drops the env mask (with
+# whole chunks every mask folds away), by kind and element size: (single-pass plans, split ones). Not the forward
+# scans (their bits change), nor the returns without next values (slower).
+_TM_ENV_BLOCKS = {
+    "gae": ((4, 2), (2,)), "vtrace": ((4, 2), ()), "retrace": ((4, 2), (4, 2)), "returns_nv": ((4, 2), (2,)),
+}  # fmt: skip
 
 
 def cdiv(a: int, b: int) -> int:
@@ -365,6 +371,17 @@ def _time_major(kind: str, n: int, t: int, dtype: torch.dtype | None, block: int
     return replace(plan, split=Split.TWO_PASS, chunks_per_block=cpb)
 
 
+def _time_major_masks(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
+    """A time-major plan's env divisor (the env block where _TM_ENV_BLOCKS takes it) and ``whole``: rows of whole
+    chunks drop the time mask, without which the predicated loads of 1-byte flags serialised in some kernels."""
+    sizes = _TM_ENV_BLOCKS.get(kind, ((), ()))[plan.split is not Split.SINGLE]
+    if dtype.itemsize in sizes and n % plan.bn == 0:
+        env_div = plan.bn
+    else:
+        env_div = _env_div(n, kind, plan.split is Split.LOOKBACK)
+    return replace(plan, env_div=env_div, whole=t % plan.bt == 0)
+
+
 def _retrace_time_major(n: int, t: int, num_actions: int, dtype: torch.dtype | None) -> Plan:
     ap = pow2(num_actions)
     few = ap <= _RETRACE_GROUPED_MAX_AP
@@ -385,7 +402,7 @@ def choose(kind: str, n: int, t: int, dtype: torch.dtype, *, time_major: bool = 
             plan = _retrace_time_major(n, t, num_actions, dtype)
         else:
             plan = _time_major(kind, n, t, dtype)
-        return replace(plan, env_div=_env_div(n, kind, plan.split is Split.LOOKBACK))
+        return _time_major_masks(plan, kind, n, t, dtype)
     if kind == "retrace":
         return _retrace(n, t, num_actions, dtype)
     return _scan(kind, n, t, dtype)
