@@ -288,7 +288,9 @@ _POLICY = [
     ("gae", 16384, 512, F64, 0, dict(whole=True, env_div=8)),
     ("gae", 100, 37, F32, 0, dict(whole=False, env_div=4)),
     ("returns", 16384, 512, F32, 0, dict(whole=True, env_div=1)),
-    ("returns_nv", 16384, 512, F32, 0, dict(env_div=32)),
+    ("returns_nv", 16384, 512, F32, 0, dict(env_div=32, warps=8)),
+    ("returns_nv", 16384, 512, BF16, 0, dict(env_div=32, warps=4)),
+    ("returns_nv", 4096, 512, F32, 0, dict(split=Split.LOOKBACK, warps=4)),
     ("forward", 16384, 512, F32, 0, dict(whole=True, env_div=1)),
     ("retrace", 16384, 512, F32, 4, dict(whole=True, env_div=32)),
 ]

@@ -169,6 +169,8 @@ _TM_LOOKBACK_MIN_SPLIT = {"returns": {4: 64, 2: 64}, "vtrace": {2: 64}}  # kind 
 # Time-major plans whose env count divides by their env block take it as env_div, which drops the env mask (with
 # whole chunks every mask folds away), by kind and element size: (single-pass plans, split ones). Not the forward
 # scans (their bits change), nor the returns without next values (slower).
+# Warps of single-pass time-major programs, by (kind, element size), where other than _TM_WARPS measured faster.
+_TM_SINGLE_WARPS = {("returns_nv", 4): 8}
 _TM_ENV_BLOCKS = {
     "gae": ((4, 2), (2,)), "vtrace": ((4, 2), ()), "retrace": ((4, 2), (4, 2)), "returns_nv": ((4, 2), (2,)),
 }  # fmt: skip
@@ -372,14 +374,18 @@ def _time_major(kind: str, n: int, t: int, dtype: torch.dtype | None, block: int
 
 
 def _time_major_masks(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
-    """A time-major plan's env divisor (the env block where _TM_ENV_BLOCKS takes it) and ``whole``: rows of whole
-    chunks drop the time mask, without which the predicated loads of 1-byte flags serialised in some kernels."""
+    """A time-major plan's env divisor (the env block where _TM_ENV_BLOCKS takes it), ``whole`` (rows of whole
+    chunks drop the time mask, without which the predicated loads of 1-byte flags serialised in some kernels) and
+    the warps of single-pass plans (_TM_SINGLE_WARPS)."""
     sizes = _TM_ENV_BLOCKS.get(kind, ((), ()))[plan.split is not Split.SINGLE]
     if dtype.itemsize in sizes and n % plan.bn == 0:
         env_div = plan.bn
     else:
         env_div = _env_div(n, kind, plan.split is Split.LOOKBACK)
-    return replace(plan, env_div=env_div, whole=t % plan.bt == 0)
+    plan = replace(plan, env_div=env_div, whole=t % plan.bt == 0)
+    if plan.split is Split.SINGLE:
+        plan = replace(plan, warps=_TM_SINGLE_WARPS.get((kind, dtype.itemsize), plan.warps))
+    return plan
 
 
 def _retrace_time_major(n: int, t: int, num_actions: int, dtype: torch.dtype | None) -> Plan:
