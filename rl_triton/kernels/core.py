@@ -819,11 +819,10 @@ def scan_rows(
         # selects in the combines only for a chunk with a non-finite offset (the module docstring); time-major
         # programs walk many short chunks, where the test's second path cost more than the selects it saves
         if TM > 0:
-            b_x, b_xn, b_carry, b_Ac = block_states(
-                b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
-                NKP, PHASE, ZERO, NEXT, SEEDED, True,
-            )  # fmt: skip
-        elif chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST):
+            contain = True  # a constant: the branch below is taken at compile time
+        else:
+            contain = chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST)
+        if contain:
             b_x, b_xn, b_carry, b_Ac = block_states(
                 b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
                 NKP, PHASE, ZERO, NEXT, SEEDED, True,
