@@ -682,9 +682,9 @@ def env_block(
     decoupled look-back does). TM: time-major rows (:func:`time_stride`), whose first elements are the env
     ids themselves; TM >= BN (the launcher found N a multiple of the env block) makes the env mask a constant.
     FULL (EXACT_T, :func:`row_length`, or WHOLE, :func:`chunk`) with one env per program: the env mask is a
-    constant (a program per env), so that with the time mask gone every mask folds away. V-trace
-    never passes it, Retrace only with WHOLE: their rows of 4 or 8 steps would round differently (the constant
-    mask changes which products the compiler fuses into FMAs)."""
+    constant (a program per env), so that with the time mask gone every mask folds away. V-trace never passes
+    it, Retrace only with WHOLE: their rows of 4 or 8 steps would round differently (the constant mask changes
+    which products the compiler fuses into FMAs)."""
     N = env_count(N, TM)
     if PHASE >= LOOKBACK:
         v = tl.program_id(0)

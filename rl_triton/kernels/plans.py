@@ -166,11 +166,11 @@ _TM_MAX_LOOKBACK = 2048  # look-back rows up to this many blocks are read in pla
 _TM_ENV_DIV = {"returns": 1, "forward": 1}  # vector loads along the envs lost for these (8 otherwise)
 _TM_ENV_DIV_LOOKBACK = {"forward": 1}
 _TM_LOOKBACK_MIN_SPLIT = {"returns": {4: 64, 2: 64}, "vtrace": {2: 64}}  # kind -> element size -> blocks
+# Warps of single-pass time-major programs, by (kind, element size), where other than _TM_WARPS measured faster.
+_TM_SINGLE_WARPS = {("returns_nv", 4): 8}
 # Time-major plans whose env count divides by their env block take it as env_div, which drops the env mask (with
 # whole chunks every mask folds away), by kind and element size: (single-pass plans, split ones). Not the forward
 # scans (their bits change), nor the returns without next values (slower).
-# Warps of single-pass time-major programs, by (kind, element size), where other than _TM_WARPS measured faster.
-_TM_SINGLE_WARPS = {("returns_nv", 4): 8}
 _TM_ENV_BLOCKS = {
     "gae": ((4, 2), (2,)), "vtrace": ((4, 2), ()), "retrace": ((4, 2), (4, 2)), "returns_nv": ((4, 2), (2,)),
 }  # fmt: skip
@@ -373,10 +373,10 @@ def _time_major(kind: str, n: int, t: int, dtype: torch.dtype | None, block: int
     return replace(plan, split=Split.TWO_PASS, chunks_per_block=cpb)
 
 
-def _time_major_masks(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
-    """A time-major plan's env divisor (the env block where _TM_ENV_BLOCKS takes it), ``whole`` (rows of whole
-    chunks drop the time mask, without which the predicated loads of 1-byte flags serialised in some kernels) and
-    the warps of single-pass plans (_TM_SINGLE_WARPS)."""
+def _fit_time_major(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
+    """A time-major plan fitted to its call: the env divisor (the env block where _TM_ENV_BLOCKS takes it),
+    ``whole`` (rows of whole chunks drop the time mask, without which the predicated loads of 1-byte flags
+    serialised in some kernels) and the warps of single-pass plans (_TM_SINGLE_WARPS)."""
     sizes = _TM_ENV_BLOCKS.get(kind, ((), ()))[plan.split is not Split.SINGLE]
     if dtype.itemsize in sizes and n % plan.bn == 0:
         env_div = plan.bn
@@ -408,7 +408,7 @@ def choose(kind: str, n: int, t: int, dtype: torch.dtype, *, time_major: bool = 
             plan = _retrace_time_major(n, t, num_actions, dtype)
         else:
             plan = _time_major(kind, n, t, dtype)
-        return _time_major_masks(plan, kind, n, t, dtype)
+        return _fit_time_major(plan, kind, n, t, dtype)
     if kind == "retrace":
         return _retrace(n, t, num_actions, dtype)
     return _scan(kind, n, t, dtype)
