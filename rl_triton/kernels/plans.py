@@ -382,10 +382,8 @@ def _fit_time_major(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype) -
         env_div = plan.bn
     else:
         env_div = _env_div(n, kind, plan.split is Split.LOOKBACK)
-    plan = replace(plan, env_div=env_div, whole=t % plan.bt == 0)
-    if plan.split is Split.SINGLE:
-        plan = replace(plan, warps=_TM_SINGLE_WARPS.get((kind, dtype.itemsize), plan.warps))
-    return plan
+    warps = _TM_SINGLE_WARPS.get((kind, dtype.itemsize), plan.warps) if plan.split is Split.SINGLE else plan.warps
+    return replace(plan, env_div=env_div, whole=t % plan.bt == 0, warps=warps)
 
 
 def _retrace_time_major(n: int, t: int, num_actions: int, dtype: torch.dtype | None) -> Plan:
