@@ -397,6 +397,29 @@ def test_lookback_stress_cuda(in_place, name, shape, window, epochs):
         assert torch.equal(o, outs[0])
 
 
+_WARPS_CASES = [
+    pytest.param(name, warps, id=f"{name.removeprefix('compute_')}-w{warps}")
+    for name in FUNCTIONS
+    for warps in (2, 4, 8, 16)
+    if torch.cuda.is_available() and not R.INTERPRET
+]
+
+
+@pytest.mark.parametrize("name, warps", _WARPS_CASES)  # compiled
+def test_lookback_warps_cuda(name, warps):
+    """The look-back over blocks of envs in 2 to 16 warps (2 env blocks of 32 time blocks, windows of 16 blocks:
+    each reads a [16, 32] tile of words), against the float64 reference; the one the launcher refuses (Triton 3.6
+    compiled TD(lambda)'s in 8 warps to misaligned loads) raises."""
+    plan = replace(_chosen(name, 64, 2048), split=Split.LOOKBACK, window=16, chunks_per_block=1, warps=warps)
+    kwargs = _tm_kwargs(name, (64, 2048), device="cuda")
+    if name == "compute_lambda_returns" and warps == 8:
+        with pytest.raises(ValueError, match="miscompiles"):
+            getattr(R, name)(**kwargs, plan=plan)
+        return
+    _checked(name, kwargs, plan)
+    torch.cuda.synchronize()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or R.INTERPRET, reason="compiled kernels on a GPU")
 def test_lookback_fresh_inputs_cuda():
     """Time-major Retrace over the look-back (N64-T100: 2 env blocks of 4 time blocks), fresh inputs every call,
