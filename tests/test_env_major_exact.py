@@ -266,6 +266,26 @@ def test_whole_chunks_policy(kind, t, dtype, whole):
     assert plan.whole == whole
 
 
+# The warps of two-env programs of one 512-step chunk: 2 for the discounted returns in 2-byte floats, else 4.
+_TILE_WARPS_POLICY = [
+    ("returns", torch.bfloat16, 2),
+    ("returns", torch.float16, 2),
+    ("returns", F32, 4),
+    ("returns_nv", torch.bfloat16, 4),
+    ("gae", torch.bfloat16, 4),
+]
+
+
+@pytest.mark.parametrize(
+    "kind, dtype, warps",
+    [pytest.param(*c, id=f"{c[0]}-{str(c[1]).removeprefix('torch.')}") for c in _TILE_WARPS_POLICY],
+)
+def test_tile_warps_policy(kind, dtype, warps):
+    plan = plans.choose(kind, 16384, 512, dtype)
+    assert (plan.split, plan.bn, plan.bt) == (Split.SINGLE, 2, 512)
+    assert plan.warps == warps
+
+
 _WHOLE_CASES = [(c, (3, 6144)) for c in CASES if CASES[c][1] in ("returns", "returns_nv")] + [
     ("gae-trunc", (3, 3072)),  # kinds the launcher leaves out: the form itself
     ("vtrace-trunc", (3, 6144)),
