@@ -796,7 +796,8 @@ def scan_rows(
     REVERSE: backward recurrence. FULL: the env mask is a constant (:func:`env_block`). SEEDED (forward
     rows): the row starts from a seed state, p_seed's [N] where HAS_SEED, else 0, to which look-back blocks
     apply the map of the blocks before them; other rows start from 0, which no phase applies. AGGREGATE_TEST:
-    look-back blocks test their chunk by its aggregate rather than its offsets (:func:`chunk_non_finite`)."""
+    look-back blocks test their chunk by its aggregate rather than its offsets (:func:`chunk_non_finite`);
+    time-major rows test nothing else (their other chunks take the contained combines)."""
     T = row_length(T, TDIV, EXACT_T, BT, PHASE)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, FULL)
     ST = time_stride(N, TM)
@@ -818,7 +819,8 @@ def scan_rows(
         b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
         # selects in the combines only for a chunk with a non-finite offset (the module docstring); time-major
         # programs walk many short chunks, where the test's second path cost more than the selects it saves
-        if TM > 0:
+        # (but for look-back blocks that test their aggregate, which the look-back computes anyway)
+        if TM > 0 and not (PHASE >= LOOKBACK and AGGREGATE_TEST):
             contain = True  # a constant: the branch below is taken at compile time
         else:
             contain = chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST)

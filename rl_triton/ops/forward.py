@@ -83,7 +83,7 @@ def forward_trace_kernel(
     core.scan_rows(
         (p_x, p_done), (p_out,), (scale_hi, scale_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB, core.hp_scalars,
         forward_prologue, forward_epilogue, (STARTS_AT,), PHASE, ONE, ACC, BN, BT, NKP, PLAIN, False, TDIV, TM, False,
-        REVERSE=False, p_seed=p_seed, HAS_SEED=HAS_SEED, SEEDED=True,
+        REVERSE=False, p_seed=p_seed, HAS_SEED=HAS_SEED, SEEDED=True, AGGREGATE_TEST=TM > 0,
     )  # fmt: skip
 
 

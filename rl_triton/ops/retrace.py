@@ -259,7 +259,7 @@ def retrace_kernel(
         core.hp_scalars, retrace_prologue, retrace_epilogue,
         (A, AP, PIECES, HAS_TRUNC, SHIFT, PI_TILE, G_TENSOR, L_TENSOR), PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T,
         TDIV, TM, WHOLE,
-        REVERSE=True, NEXT=True, FULL=WHOLE, AGGREGATE_TEST=True,  # not EXACT_T: core.env_block
+        REVERSE=True, NEXT=True, FULL=WHOLE, AGGREGATE_TEST=TM == 0,  # not EXACT_T: core.env_block
     )  # fmt: skip
 
 

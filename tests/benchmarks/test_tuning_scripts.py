@@ -131,7 +131,10 @@ def test_time_major_launches_compile_for_sm90():
     found = _offline_many(*([fn, f"{n}x{t}", "--time-major"] for fn, n, t in _TM_COMPILES))
     assert len(found) == len(_TM_COMPILES)
     launches = [r for rows in found for row in rows for r in row["launches"]]
-    assert all(r["constexprs"]["TM"] >= 1 and r["registers"] > 0 and r["stack_bytes"] == 0 for r in launches)
+    assert all(r["constexprs"]["TM"] >= 1 and r["registers"] > 0 for r in launches)
+    # no stack but the forward scans' look-back blocks' 8 bytes (their chunk test measured faster all the same)
+    stacks = {(r["kernel"], r["constexprs"]["PHASE"]): r["stack_bytes"] for r in launches if r["stack_bytes"]}
+    assert stacks in ({}, {("forward_trace_kernel", Phase.LOOKBACK_EPOCHS): 8}), stacks
     forms = {r["constexprs"].get("FORM") for r in launches}
     assert forms >= {Form.GROUPS4, Form.ENV_GROUPS, Form.DESCENDING, None}  # None: the forward kernel's tiles
     phases = {r["constexprs"]["PHASE"] for r in launches}
