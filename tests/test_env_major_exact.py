@@ -266,24 +266,27 @@ def test_whole_chunks_policy(kind, t, dtype, whole):
     assert plan.whole == whole
 
 
-# The warps of two-env programs of one 512-step chunk: 2 for the discounted returns in 2-byte floats, else 4.
-_TILE_WARPS_POLICY = [
-    ("returns", torch.bfloat16, 2),
-    ("returns", torch.float16, 2),
-    ("returns", F32, 4),
-    ("returns_nv", torch.bfloat16, 4),
-    ("gae", torch.bfloat16, 4),
+# Two-env programs of one 512-step chunk: the discounted returns in 2 warps for 2-byte floats (else 4), V-trace
+# capped at 72 registers for 2-byte floats (7 programs per SM instead of 6), GAE at 48 for both.
+_TILE_POLICY = [
+    ("returns", torch.bfloat16, 2, None),
+    ("returns", torch.float16, 2, None),
+    ("returns", F32, 4, None),
+    ("returns_nv", torch.bfloat16, 4, None),
+    ("gae", torch.bfloat16, 4, 48),
+    ("vtrace", torch.bfloat16, 4, 72),
+    ("vtrace", F32, 4, None),
 ]
 
 
 @pytest.mark.parametrize(
-    "kind, dtype, warps",
-    [pytest.param(*c, id=f"{c[0]}-{str(c[1]).removeprefix('torch.')}") for c in _TILE_WARPS_POLICY],
+    "kind, dtype, warps, maxnreg",
+    [pytest.param(*c, id=f"{c[0]}-{str(c[1]).removeprefix('torch.')}") for c in _TILE_POLICY],
 )
-def test_tile_warps_policy(kind, dtype, warps):
+def test_tile_policy(kind, dtype, warps, maxnreg):
     plan = plans.choose(kind, 16384, 512, dtype)
     assert (plan.split, plan.bn, plan.bt) == (Split.SINGLE, 2, 512)
-    assert plan.warps == warps
+    assert (plan.warps, plan.maxnreg) == (warps, maxnreg)
 
 
 _WHOLE_CASES = [(c, (3, 6144)) for c in CASES if CASES[c][1] in ("returns", "returns_nv")] + [

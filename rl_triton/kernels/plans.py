@@ -121,9 +121,9 @@ _ROW_PER_THREAD = ("vtrace",)
 # Single-pass rows of several whole chunks that drop the time mask, by kind: element sizes.
 _WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
 # Register caps of single-pass programs of one chunk per row: kind -> {(bt, warps): cap}; then those of 2-byte
-# floats only (float32 lost there).
+# floats only (float32 lost there or was not timed).
 _SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}, "returns": {(4096, 8): 64}, "vtrace": {(2048, 8): 80}}
-_SINGLE_CAPS_16BIT = {"vtrace": {(4096, 16): 64}, "returns_nv": {(4096, 8): 64}}
+_SINGLE_CAPS_16BIT = {"vtrace": {(512, 4): 72, (4096, 16): 64}, "returns_nv": {(4096, 8): 64}}
 _RETRACE_SINGLE_CAP = 64
 # Warps of single-pass tiles of 2-byte floats, by kind: {(bn, bt): warps}, where other than tile()'s measured
 # faster (the discounted returns' two-env programs of one 512-step chunk; the other kinds lost with 2 warps).
