@@ -796,8 +796,8 @@ def scan_rows(
     REVERSE: backward recurrence. FULL: the env mask is a constant (:func:`env_block`). SEEDED (forward
     rows): the row starts from a seed state, p_seed's [N] where HAS_SEED, else 0, to which look-back blocks
     apply the map of the blocks before them; other rows start from 0, which no phase applies. AGGREGATE_TEST:
-    look-back blocks test their chunk by its aggregate rather than its offsets (:func:`chunk_non_finite`);
-    time-major rows test nothing else (their other chunks take the contained combines)."""
+    look-back blocks test their chunk by its aggregate rather than its offsets (:func:`chunk_non_finite`); on
+    time-major rows the only test (their other chunks, and look-back blocks without it, are contained)."""
     T = row_length(T, TDIV, EXACT_T, BT, PHASE)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, FULL)
     ST = time_stride(N, TM)
