@@ -291,6 +291,6 @@ def test_explicit_plans_are_checked(kernel_path):
     with pytest.raises(ValueError, match="does not divide the 3 envs"):  # time-major rows read as (N, T) views
         R.compute_gae(tm["r"], tm["v"], tm["term"], gamma=0.99, lambda_=0.9, plan=Plan(32, 64, 4, env_div=8))
     miscompiled = Plan(32, 64, 8, Form.GROUPS4, split=Split.LOOKBACK, window=16)  # TD(lambda) look-back in 8 warps
+    r, v = (tm[k].float().T.contiguous().T for k in "rv")
     with pytest.raises(ValueError, match="miscompiles"):
-        r, v = (tm[k].float().T.contiguous().T for k in "rv")
         R.compute_lambda_returns(r, v, tm["term"], gamma=0.99, lambda_=0.9, plan=miscompiled)

@@ -814,16 +814,17 @@ def scan_rows(
     b_carry = carry_tile(b_carry, BT, FORM)
     # a block's first chunk that starts from the zero state does not apply it
     ZERO: tl.constexpr = ONE and (PHASE == AGGREGATES or (PHASE == SINGLE and not HAS_SEED))
+    AGGREGATE: tl.constexpr = PHASE >= LOOKBACK and AGGREGATE_TEST  # the test this block takes
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
         b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
         # selects in the combines only for a chunk with a non-finite offset (the module docstring); time-major
         # programs walk many short chunks, where the test's second path cost more than the selects it saves
         # (but for look-back blocks that test their aggregate, which the look-back computes anyway)
-        if TM > 0 and not (PHASE >= LOOKBACK and AGGREGATE_TEST):
+        if TM > 0 and not AGGREGATE:
             contain = True  # a constant: the branch below is taken at compile time
         else:
-            contain = chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, PHASE >= LOOKBACK and AGGREGATE_TEST)
+            contain = chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, AGGREGATE)
         if contain:
             b_x, b_xn, b_carry, b_Ac = block_states(
                 b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,

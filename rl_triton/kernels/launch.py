@@ -168,11 +168,12 @@ def check_plan(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype, time_m
         bad("chunks_per_block, window and warps must be positive")
     if time_major and (plan.env_div < 1 or n % plan.env_div):
         bad(f"env_div={plan.env_div} does not divide the {n} envs")
-    if time_major and plan.split is Split.LOOKBACK and plan.bn > 1 and dtype == torch.float64:
-        bad("the look-back over blocks of time-major envs publishes float32 aggregates: not float64")
-    if time_major and plan.split is Split.LOOKBACK and plan.bn > 1 and kind == "returns_nv" and plan.warps == 8:
-        # the window's loads take word 2 * (tid % 16) | tid // 2, not 2 * (tid % 16): a misaligned-address fault
-        bad("Triton 3.6 miscompiles the look-back of these programs in 8 warps (docs/performance.md)")
+    if time_major and plan.split is Split.LOOKBACK and plan.bn > 1:  # the look-back over blocks of envs
+        if dtype == torch.float64:
+            bad("the look-back over blocks of time-major envs publishes float32 aggregates: not float64")
+        if kind == "returns_nv" and plan.warps == 8:
+            # the window's loads take word 2 * (tid % 16) | tid // 2, not 2 * (tid % 16): a misaligned-address fault
+            bad("Triton 3.6 miscompiles the look-back of these programs in 8 warps (docs/performance.md)")
 
     if plan.bn < 1 or plan.bt < 4 or plan.bt & (plan.bt - 1) or plan.bn & (plan.bn - 1):
         bad("bn must be a power of two and bt a power of two >= 4")
