@@ -39,6 +39,12 @@ LAYOUTS = {
     "groups4-two-pass": (160, Plan(1, 32, 4, Form.GROUPS4, Split.TWO_PASS)),
     "groups4-lookback": (160, Plan(1, 32, 4, Form.GROUPS4, Split.LOOKBACK, window=4)),
     "plain-walk": (160, Plan(1, 32, 4, Form.PLAIN)),
+    # plain outputs stored first, each chunk tested after (Plan.late): walked, two passes, and one chunk per row
+    "groups4-walk-late": (160, Plan(1, 32, 4, Form.GROUPS4, late=True)),
+    "groups8-two-pass-late": (160, Plan(1, 32, 4, Form.GROUPS8, Split.TWO_PASS, late=True)),
+    "plain-walk-late": (160, Plan(1, 32, 4, Form.PLAIN, late=True)),
+    "plain-one-chunk-late": (37, Plan(2, 64, 4, Form.PLAIN, late=True)),
+    "groups8-one-chunk-late": (37, Plan(1, 64, 2, Form.GROUPS8, late=True)),
     "plain-two-pass": (160, Plan(1, 32, 4, Form.PLAIN, Split.TWO_PASS)),
     "plain-lookback": (160, Plan(1, 32, 4, Form.PLAIN, Split.LOOKBACK, window=4)),
     "env-groups-lookback": (40, Plan(1, 8, 4, Form.ENV_GROUPS, Split.LOOKBACK, window=4)),
@@ -49,13 +55,13 @@ LAYOUTS = {
 # and split meets a case (entries that are never read do not depend on the layout; split rows are slow in the
 # interpreter).
 SPLIT_LAYOUTS = {
-    "gae-episode": ["groups4-lookback", "time-major-lookback"],
-    "vtrace-episode": ["groups4-two-pass"],
-    "retrace-episode": ["plain-lookback", "time-major-lookback"],
-    "discounted-episode": ["env-groups-lookback"],
-    "lambda-episode": ["groups4-walk"],
-    "traces-episode": ["plain-two-pass"],
-    "prefix-episode": ["plain-lookback"],
+    "gae-episode": ["groups4-lookback", "time-major-lookback", "groups4-walk-late"],
+    "vtrace-episode": ["groups4-two-pass", "groups8-two-pass-late"],
+    "retrace-episode": ["plain-lookback", "time-major-lookback", "plain-one-chunk-late"],
+    "discounted-episode": ["env-groups-lookback", "groups4-walk-late", "groups8-one-chunk-late"],
+    "lambda-episode": ["groups4-walk", "plain-one-chunk-late"],
+    "traces-episode": ["plain-two-pass", "plain-walk-late"],
+    "prefix-episode": ["plain-lookback", "plain-one-chunk-late"],
     "prefix-starts-episode": ["plain-walk"],
 }
 
@@ -383,17 +389,18 @@ def test_containment_gradients(path, case):
 @triton.jit
 def _both_scans(p_a, p_b, p_c, p_out, T, BN: tl.constexpr, BT: tl.constexpr, FORM: tl.constexpr,
                 REVERSE: tl.constexpr, NEXT: tl.constexpr):  # fmt: skip
-    """One chunk of BN rows scanned plain and contained from the carries p_c: x, xn, the new carry and the
-    chunk's product of a of each, at p_out[scan, output]."""
+    """One chunk of BN rows scanned from the carries p_c with plain combines and plain states (scan 0, as
+    core.late_pass's first pass), plain combines (1) and contained (2): x, xn, the new carry and the chunk's
+    product of a of each, at p_out[scan, output]."""
     o_n = tl.arange(0, BN)
     o_row = o_n.to(tl.int64) * T
     _o_t, m, off, _o_nb, _m_nb = core.chunk(0, T, o_row, o_n, o_n < BN, BT, REVERSE, FORM)
     b_a = tl.load(p_a + off, mask=m, other=1.0)
     b_b = tl.load(p_b + off, mask=m, other=0.0)
     b_c = core.carry_tile(tl.load(p_c + o_n), BT, FORM)
-    for CONTAIN in tl.static_range(2):
-        x, xn, c, A = core.scan_states(b_a, b_b, b_c, BT, REVERSE, FORM, False, NEXT, CONTAIN == 1)
-        p_o = p_out + CONTAIN * 4 * BN * T
+    for SCAN in tl.static_range(3):
+        x, xn, c, A = core.scan_states(b_a, b_b, b_c, BT, REVERSE, FORM, False, NEXT, SCAN == 2, SCAN > 0)
+        p_o = p_out + SCAN * 4 * BN * T
         tl.store(p_o + off, x, mask=m)
         tl.store(p_o + BN * T + off, xn, mask=m)
         tl.store(p_o + 2 * BN * T + o_n, core.carry_row(c, FORM))
@@ -415,8 +422,8 @@ def _both_scans(p_a, p_b, p_c, p_out, T, BN: tl.constexpr, BT: tl.constexpr, FOR
 )
 def test_plain_scan_gives_the_contained_bits_on_finite_data(kernel_path, form, bt, reverse, next_):
     """The kernels scan a chunk plainly unless a value it reads is non-finite (kernels/core.py): on finite data
-    (coefficients with exact zeros, as done steps give) the plain scan must give the contained scan's bits, up to
-    the sign of a zero."""
+    (coefficients with exact zeros, as done steps give) the plain scan, with states applied by a select or by
+    plain arithmetic, must give the contained scan's bits, up to the sign of a zero."""
     bn = 4
     g = torch.Generator().manual_seed(bt + 7 * int(form) + 100 * next_)
     a = torch.rand(bn, bt, generator=g, dtype=torch.float64)
@@ -424,8 +431,9 @@ def test_plain_scan_gives_the_contained_bits_on_finite_data(kernel_path, form, b
     a = a.to(torch.float32).to(kernel_path.device)
     b = torch.randn(bn, bt, generator=g).to(kernel_path.device)
     c = torch.randn(bn, generator=g).to(kernel_path.device)
-    out = torch.zeros(2, 4, bn, bt, device=kernel_path.device)
+    out = torch.zeros(3, 4, bn, bt, device=kernel_path.device)
     _both_scans[(1,)](a, b, c, out, bt, BN=bn, BT=bt, FORM=int(form), REVERSE=reverse, NEXT=next_)
-    plain, contained = out[0].cpu(), out[1].cpu()
+    plain, plain_combines, contained = out.cpu()
     assert torch.isfinite(plain).all()
     assert torch.equal(plain, contained)  # -0.0 == 0.0
+    assert torch.equal(plain_combines, contained)

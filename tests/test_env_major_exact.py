@@ -11,7 +11,7 @@ import torch
 
 import rl_triton as R
 from rl_triton.functional import gae_with_next_values, returns_with_advantages, vtrace_with_next_values
-from rl_triton.kernels import plans
+from rl_triton.kernels import launch, plans
 from rl_triton.kernels.plans import Form, Split
 from tests import reference, test_discounted_returns, test_gae, test_lambda_returns, test_retrace, test_vtrace
 from tests._helpers import F32_TOL, FLOAT_DTYPES, assert_close, call_unmutated, randn, term_trunc, to_flags
@@ -287,6 +287,46 @@ def test_tile_policy(kind, dtype, warps, maxnreg):
     plan = plans.choose(kind, 16384, 512, dtype)
     assert (plan.split, plan.bn, plan.bt) == (Split.SINGLE, 2, 512)
     assert (plan.warps, plan.maxnreg) == (warps, maxnreg)
+
+
+# Which single-pass launches store their plain outputs first and test them after (Plan.late), with their caps:
+# rows of one 4096-step chunk of the discounted returns (and, for 2-byte floats, of the returns with next values and
+# the forward scans); GAE's float32 rows walked in 1024-step chunks take a cap of 56 registers without it.
+_LATE_POLICY = [
+    ("returns", 8192, 4096, F32, True, 64),
+    ("returns", 2048, 3000, torch.bfloat16, True, 64),
+    ("returns_nv", 8192, 4096, torch.bfloat16, True, 64),
+    ("returns_nv", 8192, 4096, F32, False, None),
+    ("forward", 8192, 4096, torch.float16, True, None),
+    ("forward", 8192, 4096, F32, False, None),
+    ("gae", 8192, 4096, F32, False, 56),
+    ("gae", 1024, 8192, F32, False, 56),
+    ("gae", 8192, 4096, torch.bfloat16, False, None),
+    ("vtrace", 8192, 4096, F32, False, None),
+    ("returns", 16384, 512, torch.bfloat16, False, None),
+    ("returns", 64, 262144, F32, False, 64),  # the look-back: never late
+]
+
+
+@pytest.mark.parametrize(
+    "kind, n, t, dtype, late, maxnreg",
+    [pytest.param(*c, id=f"{c[0]}-{c[1]}x{c[2]}-{str(c[3]).removeprefix('torch.')}") for c in _LATE_POLICY],
+)
+def test_late_policy(kind, n, t, dtype, late, maxnreg):
+    plan = plans.choose(kind, n, t, dtype)
+    assert (plan.late, plan.maxnreg) == (late, maxnreg)
+    assert not plans.choose(kind, n, t, dtype, time_major=True).late
+
+
+def test_late_refused_where_blocks_publish():
+    """Look-back blocks publish their aggregate before their outputs are tested, and time-major programs always
+    take the contained combines: neither takes Plan.late."""
+    lookback = plans.Plan(1, 32, 4, Form.GROUPS4, Split.LOOKBACK, window=4, late=True)
+    with pytest.raises(ValueError, match="late needs env-major rows"):
+        launch.check_plan(lookback, "gae", 2, 160, F32, False)
+    with pytest.raises(ValueError, match="late needs env-major rows"):
+        launch.check_plan(plans.Plan(1, 32, 4, late=True), "gae", 64, 160, F32, True)
+    launch.check_plan(plans.Plan(1, 32, 4, Form.GROUPS4, Split.TWO_PASS, late=True), "gae", 2, 160, F32, False)
 
 
 _WHOLE_CASES = [(c, (3, 6144)) for c in CASES if CASES[c][1] in ("returns", "returns_nv")] + [

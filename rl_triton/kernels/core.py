@@ -20,7 +20,13 @@ for finite ``x``, but for the sign of a zero ``b``) and cost instructions on eve
 unless an offset is NaN or infinite. Time-major rows are the exception: their programs walk many chunks of 64
 steps, where the test and its second path cost more registers and time than the selects (docs/performance.md),
 so they always take the contained combines. The carry entering a chunk can come from another episode of the row
-whatever the chunk holds, so it is always applied with the select, which costs one select per element. An
+whatever the chunk holds, so it is always applied with the select, which costs one select per element.
+
+Where the plan says so (Plan.late: rows of one long chunk, where the test's block-wide reduction between the
+loads and the scan cost most), the test comes after the chunk instead: plain combines and plain states (STATES
+off: no select at all), the outputs stored, then the states tested (:func:`late_pass`), and only where one is
+non-finite the chunk is read again and scanned contained, its outputs stored over the plain ones. A non-finite
+offset or carry leaves a non-finite state (0 * inf is NaN), so finite states are the contained scan's. An
 overflow of the plain partial sums (coefficients above 1 over long stretches) is not contained, as the products
 of coefficients never were.
 """
@@ -96,6 +102,17 @@ def non_finite(x):
     if len(z.shape) == 2:
         z = tl.sum(z, 1)
     return tl.sum(z, 0) != 0
+
+
+@triton.jit
+def in_thread_zeros(x):
+    """x * 0 (a rank-2 or -3 tile) summed over the axis a thread holds (the last: a group's steps, or 4
+    consecutive steps of a plain tile), with no exchange between threads: 0 where those entries are finite, else
+    NaN. Their sum over the rest is what :func:`non_finite` of x tests."""
+    z = x * 0.0
+    if len(z.shape) == 2:
+        z = tl.reshape(z, [z.shape[0], z.shape[1] // 4, 4])
+    return tl.sum(z, len(z.shape) - 1)
 
 
 @triton.jit
@@ -201,27 +218,29 @@ def _scan_groups(A0, B0, AXIS: tl.constexpr, CONTAIN: tl.constexpr):
 
 
 @triton.jit
-def _group_enter(A0, B0, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr):
+def _group_enter(A0, B0, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr, STATES: tl.constexpr):
     """From the group aggregates (A0, B0) [G, BN] and the carry tile [G, BN] (see
     :func:`carry_tile`): the state entering each group, the new carry tile and the chunk's product of
     a [BN]. One forward scan across the groups (numbered in processing order)."""
     iA, iB, nA, nB = _scan_groups(A0, B0, 0, CONTAIN)
-    b_enter = _on(nA, nB, b_carry, ZERO)
+    b_enter = _on(nA, nB, b_carry, ZERO, STATES)
     # the chunk's aggregate, kept broadcast over the groups (one reduction, no [BN] -> tile broadcast)
     b_Ac = _edge(iA, 0, False, True)
     b_Bc = _edge(iB, 0, False, True)
-    return b_enter, _on(b_Ac, b_Bc, b_carry, ZERO), tl.sum(b_Ac, 0)  # [1, BN] -> [BN]
+    return b_enter, _on(b_Ac, b_Bc, b_carry, ZERO, STATES), tl.sum(b_Ac, 0)  # [1, BN] -> [BN]
 
 
 @triton.jit
-def _group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr):
+def _group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr, STATES: tl.constexpr):
     """The states of a grouped chunk, as tiles: (x, x one step earlier in processing order, new
     carry tile, chunk's product of a)."""
     A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7 = _group_maps(b_a, b_b, CONTAIN)
-    c, b_carry_new, b_Ac = _group_enter(A0, B0, b_carry, ZERO, CONTAIN)
-    x0, x1, x2, x3 = _on(A0, B0, c), _on(A1, B1, c), _on(A2, B2, c), _on(A3, B3, c)
+    c, b_carry_new, b_Ac = _group_enter(A0, B0, b_carry, ZERO, CONTAIN, STATES)
+    x0, x1 = _on(A0, B0, c, False, STATES), _on(A1, B1, c, False, STATES)
+    x2, x3 = _on(A2, B2, c, False, STATES), _on(A3, B3, c, False, STATES)
     if b_a.shape[2] == 8:
-        x4, x5, x6, x7 = _on(A4, B4, c), _on(A5, B5, c), _on(A6, B6, c), _on(A7, B7, c)
+        x4, x5 = _on(A4, B4, c, False, STATES), _on(A5, B5, c, False, STATES)
+        x6, x7 = _on(A6, B6, c, False, STATES), _on(A7, B7, c, False, STATES)
         b_x = _join8(x0, x1, x2, x3, x4, x5, x6, x7)
         b_xn = _join8(x1, x2, x3, x4, x5, x6, x7, c)
     else:
@@ -231,17 +250,18 @@ def _group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr):
 
 
 @triton.jit
-def _env_group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr):
+def _env_group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr, STATES: tl.constexpr):
     """:func:`_group_states` of an env-major [BN, G, 4] chunk (groups along axis 1, carry [BN])."""
     a0, a1, a2, a3 = _split4(b_a)
     b0, b1, b2, b3 = _split4(b_b)
     A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3, CONTAIN)
     iA, iB, nA, nB = _scan_groups(A0, B0, 1, CONTAIN)
-    c = _on(nA, nB, b_carry[:, None], ZERO)
+    c = _on(nA, nB, b_carry[:, None], ZERO, STATES)
     b_Ac = _edge(iA, 1, False, False)
     b_Bc = _edge(iB, 1, False, False)
-    x0, x1, x2, x3 = _on(A0, B0, c), _on(A1, B1, c), _on(A2, B2, c), _on(A3, B3, c)
-    return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), _on(b_Ac, b_Bc, b_carry, ZERO), b_Ac
+    x0, x1 = _on(A0, B0, c, False, STATES), _on(A1, B1, c, False, STATES)
+    x2, x3 = _on(A2, B2, c, False, STATES), _on(A3, B3, c, False, STATES)
+    return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), _on(b_Ac, b_Bc, b_carry, ZERO, STATES), b_Ac
 
 
 @triton.jit
@@ -284,22 +304,23 @@ def _edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
 
 @triton.jit
 def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr,
-               ZERO: tl.constexpr = False, CONTAIN: tl.constexpr = True):  # fmt: skip
+               ZERO: tl.constexpr = False, CONTAIN: tl.constexpr = True, STATES: tl.constexpr = True):  # fmt: skip
     """Scan of one chunk (see :func:`chunk`) seeded with the carry [BN] (the state before the chunk
     in processing order). Returns (x, new carry, the chunk's product of a), the last two being the
     chunk's aggregate for multi-block scans. ZERO: the carry is known to be 0 (a block's first chunk
     without a seed), so it is not applied. CONTAIN: selects in the combines too, for a chunk with a
-    non-finite offset (the module docstring); the carry is applied with a select either way."""
+    non-finite offset (the module docstring); the carry is applied with a select unless STATES is off (states
+    then applied by plain arithmetic: only where the outputs are tested afterwards, :func:`late_pass`)."""
     if FORM == GROUPS4 or FORM == GROUPS8:
-        b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO, CONTAIN)
+        b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO, CONTAIN, STATES)
     elif FORM == ENV_GROUPS:
-        b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO, CONTAIN)
+        b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO, CONTAIN, STATES)
     else:  # plain tiles; descending ones hold processing order, so they scan forward
         if CONTAIN:
             b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and FORM == PLAIN)
         else:
             b_A, b_B = tl.associative_scan((b_a, b_b), 1, plain_combine, reverse=REVERSE and FORM == PLAIN)
-        b_x = _on(b_A, b_B, b_carry[:, None], ZERO)
+        b_x = _on(b_A, b_B, b_carry[:, None], ZERO, STATES)
         b_carry_new = _edge(b_x, 1, REVERSE and FORM == PLAIN, False)
         b_Ac = _edge(b_A, 1, REVERSE and FORM == PLAIN, False)
     return b_x, b_carry_new, b_Ac
@@ -307,14 +328,15 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM:
 
 @triton.jit
 def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr,
-                    ZERO: tl.constexpr = False, CONTAIN: tl.constexpr = True):  # fmt: skip
+                    ZERO: tl.constexpr = False, CONTAIN: tl.constexpr = True,
+                    STATES: tl.constexpr = True):  # fmt: skip
     """:func:`scan_chunk` of a recurrence that also returns the state one step earlier in processing
     order at each slot (x_{t+1} of a reverse recurrence; the carry at the chunk's first processed
     slot), which V-trace and Retrace need in their epilogue: no second prologue at shifted steps."""
     if FORM == GROUPS4 or FORM == GROUPS8:
-        b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO, CONTAIN)
+        b_x, b_xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO, CONTAIN, STATES)
     elif FORM == ENV_GROUPS:
-        b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO, CONTAIN)
+        b_x, b_xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO, CONTAIN, STATES)
     else:
         ones, zeros = tl.full(b_a.shape, 1.0, b_a.dtype), tl.zeros(b_b.shape, b_b.dtype)
         if CONTAIN:
@@ -325,8 +347,8 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
             b_A, b_B, b_nA, b_nB = tl.associative_scan(
                 (b_a, b_b, ones, zeros), 1, plain_combine_next, reverse=REVERSE and FORM == PLAIN
             )
-        b_x = _on(b_A, b_B, b_carry[:, None], ZERO)
-        b_xn = _on(b_nA, b_nB, b_carry[:, None], ZERO)
+        b_x = _on(b_A, b_B, b_carry[:, None], ZERO, STATES)
+        b_xn = _on(b_nA, b_nB, b_carry[:, None], ZERO, STATES)
         b_carry_new = _edge(b_x, 1, REVERSE and FORM == PLAIN, False)
         b_Ac = _edge(b_A, 1, REVERSE and FORM == PLAIN, False)
     return b_x, b_xn, b_carry_new, b_Ac
@@ -334,13 +356,13 @@ def scan_chunk_next(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, 
 
 @triton.jit
 def scan_states(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr, ZERO: tl.constexpr,
-                NEXT: tl.constexpr, CONTAIN: tl.constexpr):  # fmt: skip
+                NEXT: tl.constexpr, CONTAIN: tl.constexpr, STATES: tl.constexpr = True):  # fmt: skip
     """:func:`scan_chunk_next` with NEXT, else :func:`scan_chunk` with x standing for the states one step
     earlier: (x, xn, new carry, the chunk's product of a)."""
     if NEXT:
-        b_x, b_xn, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, CONTAIN)
+        b_x, b_xn, b_carry, b_Ac = scan_chunk_next(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, CONTAIN, STATES)
     else:
-        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, CONTAIN)
+        b_x, b_carry, b_Ac = scan_chunk(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, CONTAIN, STATES)
         b_xn = b_x
     return b_x, b_xn, b_carry, b_Ac
 
@@ -646,6 +668,29 @@ def block_states(b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, 
 
 
 @triton.jit
+def late_pass(b_zeros, b_carry, b_Ac, b_carry_in, ins, outs, hps, i_p, o_row, o_n, m_n, T, ST, K, BT: tl.constexpr,
+              REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr, ZERO: tl.constexpr, NEXT: tl.constexpr,
+              WHOLE: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr):  # fmt: skip
+    """After a chunk's outputs from plain arithmetic are stored (Plan.late; single-pass and rescan programs), with
+    ``b_zeros`` the :func:`in_thread_zeros` of its states: where a state is not finite (an offset or the carry
+    was, as plain arithmetic carries a NaN or an infinity on, or a partial sum overflowed), the chunk again from
+    its inputs, read anew, with the contained combines and states, its outputs stored over the plain ones (after
+    the reduction's barrier). Finite states are the contained scan's. Tested after the
+    stores, the block-wide reduction does not stand between the loads and the scan, and nothing but the
+    per-thread sums is held for the second pass. Returns the chunk's (new carry, product of a)."""
+    z = tl.sum(tl.sum(b_zeros, 1), 0)  # b_zeros: [G, BN], [BN, G] or [BN, BT // 4]
+    if z != 0:  # NaN: a state was not finite
+        # the chunk's slots again, from rows the compiler cannot tell equal to the first pass's (z is NaN here, so
+        # the factor is 1): otherwise it keeps the first pass's per-slot addresses live for this one
+        o_row = o_row * (z != z).to(o_row.dtype)
+        o_t, m, off, o_nb, m_nb = chunk(i_p, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
+        b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
+        b_x, b_xn, b_carry, b_Ac = scan_states(b_a, b_b, b_carry_in, BT, REVERSE, FORM, ZERO, NEXT, True)
+        EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
+    return b_carry, b_Ac
+
+
+@triton.jit
 def row_length(T, TDIV: tl.constexpr, EXACT_T: tl.constexpr = False, BT: tl.constexpr = 1, PHASE: tl.constexpr = 0):
     """``T``, in a form from which the compiler knows it a multiple of ``TDIV`` (the launcher passes
     TDIV > 1 only where that holds: plans.row_div). Triton specialises an integer argument on
@@ -779,6 +824,7 @@ def scan_rows(
     WHOLE: tl.constexpr,  # the plan's constexprs (launch._build)
     REVERSE: tl.constexpr = True, NEXT: tl.constexpr = False, FULL: tl.constexpr = False,
     p_seed=None, HAS_SEED: tl.constexpr = False, SEEDED: tl.constexpr = False, AGGREGATE_TEST: tl.constexpr = False,
+    LATE: tl.constexpr = False,
 ):  # fmt: skip
     """The one driver loop of the fused kernels: this program's envs and time block, the carry, and per chunk
     (in processing order) its slots, the algorithm's prologue, the state entering the block (look-back), the
@@ -797,7 +843,9 @@ def scan_rows(
     rows): the row starts from a seed state, p_seed's [N] where HAS_SEED, else 0, to which look-back blocks
     apply the map of the blocks before them; other rows start from 0, which no phase applies. AGGREGATE_TEST:
     look-back blocks test their chunk by its aggregate rather than its offsets (:func:`chunk_non_finite`); on
-    time-major rows the only test (their other chunks, and look-back blocks without it, are contained)."""
+    time-major rows the only test (their other chunks, and look-back blocks without it, are contained). LATE
+    (Plan.late; env-major single-pass and rescan programs): plain arithmetic first, the test after the stores
+    (:func:`late_pass`)."""
     T = row_length(T, TDIV, EXACT_T, BT, PHASE)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, FULL)
     ST = time_stride(N, TM)
@@ -815,29 +863,40 @@ def scan_rows(
     # a block's first chunk that starts from the zero state does not apply it
     ZERO: tl.constexpr = ONE and (PHASE == AGGREGATES or (PHASE == SINGLE and not HAS_SEED))
     AGGREGATE: tl.constexpr = PHASE >= LOOKBACK and AGGREGATE_TEST  # the test this block takes
+    # the plain outputs stored, then tested (late_pass); else the test before the scan, or none (time-major)
+    PLAIN_FIRST: tl.constexpr = LATE and TM == 0 and (PHASE == SINGLE or PHASE == RESCAN)
     for i_c in range(c_lo, c_hi):
         o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
         b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
-        # selects in the combines only for a chunk with a non-finite offset (the module docstring); time-major
-        # programs walk many short chunks, where the test's second path cost more than the selects it saves
-        # (but for look-back blocks that test their aggregate, which the look-back computes anyway)
-        if TM > 0 and not AGGREGATE:
-            contain = True  # a constant: the branch below is taken at compile time
-        else:
-            contain = chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, AGGREGATE)
-        if contain:
-            b_x, b_xn, b_carry, b_Ac = block_states(
-                b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
-                NKP, PHASE, ZERO, NEXT, SEEDED, True,
-            )  # fmt: skip
-        else:
-            b_x, b_xn, b_carry, b_Ac = block_states(
-                b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM, ACC,
-                NKP, PHASE, ZERO, NEXT, SEEDED, False,
-            )  # fmt: skip
-        b_Ablk *= b_Ac
-        if PHASE != AGGREGATES:
+        if PLAIN_FIRST:  # plain arithmetic throughout, the contained pass where its states are not all finite
+            b_x, b_xn, b_out, b_Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, False, False)
+            b_zeros = in_thread_zeros(b_x)
             EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
+            b_carry, b_Ac = late_pass(
+                b_zeros, b_out, b_Ac, b_carry, ins, outs, hps, i_c + c_off, o_row, o_n, m_n, T, ST, K, BT, REVERSE,
+                FORM, ACC, ZERO, NEXT, WHOLE, PROLOGUE, EPILOGUE,
+            )  # fmt: skip
+        else:
+            # selects in the combines only for a chunk with a non-finite offset (the module docstring);
+            # time-major programs walk many short chunks, where the test's second path cost more than the selects
+            # it saves (but for look-back blocks that test their aggregate, which the look-back computes anyway)
+            if TM > 0 and not AGGREGATE:
+                contain = True  # a constant: the branch below is taken at compile time
+            else:
+                contain = chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, AGGREGATE)
+            if contain:
+                b_x, b_xn, b_carry, b_Ac = block_states(
+                    b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM,
+                    ACC, NKP, PHASE, ZERO, NEXT, SEEDED, True,
+                )  # fmt: skip
+            else:
+                b_x, b_xn, b_carry, b_Ac = block_states(
+                    b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, NK, b_seed, BT, REVERSE, FORM,
+                    ACC, NKP, PHASE, ZERO, NEXT, SEEDED, False,
+                )  # fmt: skip
+            if PHASE != AGGREGATES:
+                EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
+        b_Ablk *= b_Ac
     b_carry = carry_row(b_carry, FORM)
     block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 

@@ -189,6 +189,8 @@ def check_plan(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype, time_m
         bad("whole needs rows of whole chunks")
     if plan.shift and not (plan.exact_t and plan.form is Form.ENV_GROUPS):
         bad("shift needs exact env-major rows")
+    if plan.late and (time_major or plan.split is Split.LOOKBACK):
+        bad("late needs env-major rows in a single pass or two passes (look-back blocks publish their aggregate)")
     if plan.split is Split.LOOKBACK and plan.bn != 1 and not time_major:
         bad("the look-back takes one env per program on env-major rows")
     if plan.row_div > 1 and t % plan.row_div:
@@ -207,7 +209,7 @@ def _build(kernel, plan: Plan, p, constexprs: dict, cached: bool) -> _Launch:
     env_div = plan.env_div if p.time_major else 0
     given = dict(
         FORM=int(plan.form), EXACT_T=plan.exact_t, TDIV=plan.row_div, TM=env_div, WHOLE=plan.whole,
-        PIECES=plan.pieces, SHIFT=plan.shift, PI_TILE=plan.pi_tile,
+        PIECES=plan.pieces, SHIFT=plan.shift, PI_TILE=plan.pi_tile, LATE=plan.late,
     )  # fmt: skip
     names = kernel.arg_names
     # the kernel's own flags win (Retrace's PI_TILE is off where next-step probabilities are given)

@@ -72,6 +72,7 @@ class Plan:
     pieces: bool = False  # Retrace: one action tile per binary digit of A instead of one padded tile
     shift: bool = False  # Retrace, exact env-major rows: c_{t+1} and q_{t+1} shifted in registers
     pi_tile: bool = False  # Retrace, exact env-major rows: pi(a_t | s_t) picked out of the weights tile
+    late: bool = False  # env-major single pass or rescan: test each chunk after storing its plain outputs
 
 
 # The kinds of launch plans: one per kernel measured here. Each op names the kind whose plans its calls take
@@ -125,6 +126,16 @@ _WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
 _SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}, "returns": {(4096, 8): 64}, "vtrace": {(2048, 8): 80}}
 _SINGLE_CAPS_16BIT = {"vtrace": {(512, 4): 72, (4096, 16): 64}, "returns_nv": {(4096, 8): 64}}
 _RETRACE_SINGLE_CAP = 64
+# Register caps of single-pass float32 programs that walk several chunks: kind -> {(bt, warps): cap}.
+_WALKED_CAPS = {"gae": {(1024, 4): 56}}
+# Single-pass programs of one chunk per row that store the chunk's plain outputs first and test them after
+# (Plan.late), by kind: {(bt, warps, element size): register cap}. The contained second pass raises the kernel's
+# registers, so a cap keeps the first pass's occupancy (the second spills instead).
+_LATE = {
+    "returns": {(4096, 8, 4): 64, (4096, 8, 2): 64},
+    "returns_nv": {(4096, 8, 2): 64},
+    "forward": {(4096, 8, 2): None},
+}
 # Warps of single-pass tiles of 2-byte floats, by kind: {(bn, bt): warps}, where other than tile()'s measured
 # faster (the discounted returns' two-env programs of one 512-step chunk; the other kinds lost with 2 warps).
 _TILE_WARPS_16BIT = {"returns": {(2, 512): 2}}
@@ -320,9 +331,23 @@ def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
         exact = _one_chunk_rows(plan, t) and plan.bn == 1 and t == plan.bt > ENV_GROUPS_MAX_BT
         exact = exact and kind in _EXACT_ONE_CHUNK
         plan = replace(plan, form=form, exact_t=exact, whole=_whole(kind, plan, t, dtype), row_div=row_div(t))
+    plan = _late(kind, plan, t, dtype)
     if kind == "forward":  # the forward scans: plain tiles, no exact rows
         return replace(plan, form=Form.PLAIN, exact_t=False, row_div=row_div(t))
     return plan if not plan.exact_t else replace(plan, row_div=1)
+
+
+def _late(kind: str, plan: Plan, t: int, dtype: torch.dtype | None) -> Plan:
+    """The plan with Plan.late and its register cap where _LATE lists it, or the cap of _WALKED_CAPS."""
+    if plan.split is not Split.SINGLE or dtype is None or not (_is_f32(dtype) or dtype.itemsize == 2):
+        return plan
+    if _chunks(plan, t) > 1:
+        cap = _WALKED_CAPS.get(kind, {}).get((plan.bt, plan.warps)) if _is_f32(dtype) else None
+        return replace(plan, maxnreg=cap or plan.maxnreg)
+    key = (plan.bt, plan.warps, dtype.itemsize)
+    if key not in _LATE.get(kind, {}):
+        return plan
+    return replace(plan, late=True, maxnreg=_LATE[kind][key])
 
 
 def _retrace(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Plan:

@@ -78,12 +78,13 @@ def forward_trace_kernel(
     NKP: tl.constexpr,
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
+    LATE: tl.constexpr = False,  # see gae_kernel
 ):  # fmt: skip
     """Forward recurrence x_t = scale (1 - done_{t-1}) x_{t-1} + in_t (done_t if STARTS_AT)."""
     core.scan_rows(
         (p_x, p_done), (p_out,), (scale_hi, scale_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB, core.hp_scalars,
         forward_prologue, forward_epilogue, (STARTS_AT,), PHASE, ONE, ACC, BN, BT, NKP, PLAIN, False, TDIV, TM, False,
-        REVERSE=False, p_seed=p_seed, HAS_SEED=HAS_SEED, SEEDED=True, AGGREGATE_TEST=TM > 0,
+        REVERSE=False, p_seed=p_seed, HAS_SEED=HAS_SEED, SEEDED=True, AGGREGATE_TEST=TM > 0, LATE=LATE,
     )  # fmt: skip
 
 

@@ -126,6 +126,7 @@ def gae_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; plans.row_div)
     TM: tl.constexpr = 0,  # time-major rows (core.time_stride; Plan.env_div)
     WHOLE: tl.constexpr = False,  # T a multiple of BT, rows of whole chunks (core.chunk; Plan.whole)
+    LATE: tl.constexpr = False,  # test each chunk after storing its plain outputs (core.late_pass; Plan.late)
     G_TENSOR: tl.constexpr = False,  # gamma is the tensor at p_gamma (discount), not the float gamma_hi + gamma_lo
     L_TENSOR: tl.constexpr = False,  # lambda likewise
 ):  # fmt: skip
@@ -134,7 +135,7 @@ def gae_kernel(
         (p_adv, p_tgt), (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo), N, T,
         p_agg_a, p_agg_b, p_flag, NK, CPB, gae_scalars, gae_prologue, gae_epilogue,
         (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, TARGET, G_TENSOR, L_TENSOR),
-        PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE,
+        PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE, LATE=LATE,
     )  # fmt: skip
 
 

@@ -248,6 +248,7 @@ def retrace_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows, [T, N, A] per-action tensors read as (N, T, A) views: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
+    LATE: tl.constexpr = False,  # see gae_kernel
     G_TENSOR: tl.constexpr = False,  # tensor gamma, lambda: see gae_kernel
     L_TENSOR: tl.constexpr = False,
 ):  # fmt: skip
@@ -259,7 +260,7 @@ def retrace_kernel(
         core.hp_scalars, retrace_prologue, retrace_epilogue,
         (A, AP, PIECES, HAS_TRUNC, SHIFT, PI_TILE, G_TENSOR, L_TENSOR), PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T,
         TDIV, TM, WHOLE,
-        REVERSE=True, NEXT=True, FULL=WHOLE, AGGREGATE_TEST=TM == 0,  # not EXACT_T: core.env_block
+        REVERSE=True, NEXT=True, FULL=WHOLE, AGGREGATE_TEST=TM == 0, LATE=LATE,  # not EXACT_T: core.env_block
     )  # fmt: skip
 
 

@@ -132,6 +132,7 @@ def returns_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
+    LATE: tl.constexpr = False,  # see gae_kernel
     G_TENSOR: tl.constexpr = False,  # tensor gamma, lambda: see gae_kernel
     L_TENSOR: tl.constexpr = False,
 ):  # fmt: skip
@@ -141,7 +142,7 @@ def returns_kernel(
         (p_g, p_adv), (gamma_hi, gamma_lo, lmbda_hi, lmbda_lo), N, T,
         p_agg_a, p_agg_b, p_flag, NK, CPB, core.hp_scalars, returns_prologue, returns_epilogue,
         (HAS_NV, HAS_TRUNC, HAS_BOOT, ADV, EXACT_T, G_TENSOR, L_TENSOR),
-        PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE,
+        PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE=True, FULL=EXACT_T or WHOLE, LATE=LATE,
     )  # fmt: skip
 
 

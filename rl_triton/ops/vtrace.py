@@ -130,6 +130,7 @@ def vtrace_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV: see gae_kernel
     TM: tl.constexpr = 0,  # time-major rows: see gae_kernel
     WHOLE: tl.constexpr = False,  # rows of whole chunks: see gae_kernel
+    LATE: tl.constexpr = False,  # see gae_kernel
     G_TENSOR: tl.constexpr = False,  # a tensor gamma: see gae_kernel
 ):  # fmt: skip
     core.scan_rows(
@@ -137,7 +138,7 @@ def vtrace_kernel(
         (gamma_hi, gamma_lo, rho_hi, rho_lo, c_hi, c_lo), N, T, p_agg_a, p_agg_b, p_flag, NK, CPB,
         core.hp_scalars, vtrace_prologue, vtrace_epilogue, (HAS_TRUNC, HAS_BOOT, HAS_LAST, NEXT_ALL, G_TENSOR),
         PHASE, ONE, ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE,
-        REVERSE=True, NEXT=True, FULL=WHOLE,  # not EXACT_T: core.env_block
+        REVERSE=True, NEXT=True, FULL=WHOLE, LATE=LATE,  # not EXACT_T: core.env_block
     )  # fmt: skip
 
 
