@@ -338,16 +338,16 @@ def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
 
 
 def _late(kind: str, plan: Plan, t: int, dtype: torch.dtype | None) -> Plan:
-    """The plan with Plan.late and its register cap where _LATE lists it, or the cap of _WALKED_CAPS."""
+    """Single-pass plans of float32 or 2-byte floats: one-chunk rows with Plan.late and its cap where _LATE lists
+    them, walked rows with the cap of _WALKED_CAPS (float32)."""
     if plan.split is not Split.SINGLE or dtype is None or not (_is_f32(dtype) or dtype.itemsize == 2):
         return plan
     if _chunks(plan, t) > 1:
         cap = _WALKED_CAPS.get(kind, {}).get((plan.bt, plan.warps)) if _is_f32(dtype) else None
-        return replace(plan, maxnreg=cap or plan.maxnreg)
+        return plan if cap is None else replace(plan, maxnreg=cap)
+    late = _LATE.get(kind, {})
     key = (plan.bt, plan.warps, dtype.itemsize)
-    if key not in _LATE.get(kind, {}):
-        return plan
-    return replace(plan, late=True, maxnreg=_LATE[kind][key])
+    return replace(plan, late=True, maxnreg=late[key]) if key in late else plan
 
 
 def _retrace(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Plan:
