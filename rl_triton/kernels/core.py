@@ -675,9 +675,9 @@ def late_pass(b_zeros, b_carry, b_Ac, b_carry_in, ins, outs, hps, i_p, o_row, o_
     ``b_zeros`` the :func:`in_thread_zeros` of its states: where a state is not finite (an offset or the carry
     was, as plain arithmetic carries a NaN or an infinity on, or a partial sum overflowed), the chunk again from
     its inputs, read anew, with the contained combines and states, its outputs stored over the plain ones (after
-    the reduction's barrier). Finite states are the contained scan's. Tested after the
-    stores, the block-wide reduction does not stand between the loads and the scan, and nothing but the
-    per-thread sums is held for the second pass. Returns the chunk's (new carry, product of a)."""
+    the reduction's barrier). Finite states are the contained scan's. Tested after the stores, the block-wide
+    reduction does not stand between the loads and the scan, and nothing but the per-thread sums is held for the
+    second pass. Returns the chunk's (new carry, product of a)."""
     z = tl.sum(tl.sum(b_zeros, 1), 0)  # b_zeros: [G, BN], [BN, G] or [BN, BT // 4]
     if z != 0:  # NaN: a state was not finite
         # the chunk's slots again, from rows the compiler cannot tell equal to the first pass's (z is NaN here, so
