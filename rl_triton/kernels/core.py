@@ -225,8 +225,7 @@ def _group_enter(A0, B0, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constexpr, STA
     iA, iB, nA, nB = _scan_groups(A0, B0, 0, CONTAIN)
     b_enter = _on(nA, nB, b_carry, ZERO, STATES)
     # the chunk's aggregate, kept broadcast over the groups (one reduction, no [BN] -> tile broadcast)
-    b_Ac = _edge(iA, 0, False, True)
-    b_Bc = _edge(iB, 0, False, True)
+    b_Ac, b_Bc = _edges(iA, iB, 0, False, True)
     return b_enter, _on(b_Ac, b_Bc, b_carry, ZERO, STATES), tl.sum(b_Ac, 0)  # [1, BN] -> [BN]
 
 
@@ -257,8 +256,7 @@ def _env_group_states(b_a, b_b, b_carry, ZERO: tl.constexpr, CONTAIN: tl.constex
     A0, A1, A2, A3, B0, B1, B2, B3 = _suffix4(a0, a1, a2, a3, b0, b1, b2, b3, CONTAIN)
     iA, iB, nA, nB = _scan_groups(A0, B0, 1, CONTAIN)
     c = _on(nA, nB, b_carry[:, None], ZERO, STATES)
-    b_Ac = _edge(iA, 1, False, False)
-    b_Bc = _edge(iB, 1, False, False)
+    b_Ac, b_Bc = _edges(iA, iB, 1, False, False)
     x0, x1 = _on(A0, B0, c, False, STATES), _on(A1, B1, c, False, STATES)
     x2, x3 = _on(A2, B2, c, False, STATES), _on(A3, B3, c, False, STATES)
     return _join4(x0, x1, x2, x3), _join4(x1, x2, x3, c), _on(b_Ac, b_Bc, b_carry, ZERO, STATES), b_Ac
@@ -285,10 +283,9 @@ def carry_row(b_carry, FORM: tl.constexpr):
 
 
 @triton.jit
-def _edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
-    """The value at the first (FIRST) or last slot of ``b_y`` along AXIS (rank 1 or 2), per the other
-    axis; the reduced axis kept as size 1 with KEEP. The last processed slot of a plain [BN, BT] tile
-    is the first when the recurrence runs in reverse."""
+def _at_edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr):
+    """Whether a slot of ``b_y`` (rank 1 or 2) is the first (FIRST) or last along AXIS, shaped to broadcast
+    against it."""
     o = tl.arange(0, b_y.shape[AXIS])
     if len(b_y.shape) == 2:
         if AXIS == 0:
@@ -299,7 +296,29 @@ def _edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
         b_at = o == 0
     else:
         b_at = o == b_y.shape[AXIS] - 1
-    return tl.sum(tl.where(b_at, b_y, 0.0), AXIS, keep_dims=KEEP)
+    return b_at
+
+
+@triton.jit
+def _edge(b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
+    """The value at the first (FIRST) or last slot of ``b_y`` along AXIS (rank 1 or 2), per the other
+    axis; the reduced axis kept as size 1 with KEEP. The last processed slot of a plain [BN, BT] tile
+    is the first when the recurrence runs in reverse."""
+    return tl.sum(tl.where(_at_edge(b_y, AXIS, FIRST), b_y, 0.0), AXIS, keep_dims=KEEP)
+
+
+@triton.jit
+def _add_pairs(x_l, y_l, x_r, y_r):
+    return x_l + x_r, y_l + y_r
+
+
+@triton.jit
+def _edges(b_x, b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
+    """:func:`_edge` of two tiles of one shape in one reduction: an aggregate's (A, B) cross the warps
+    through shared memory once, not twice (a barrier pair fewer per chunk; docs/performance.md). Not
+    for the time-major look-back's folds nor plain tiles' carries, where the pair took more registers."""
+    b_at = _at_edge(b_x, AXIS, FIRST)
+    return tl.reduce((tl.where(b_at, b_x, 0.0), tl.where(b_at, b_y, 0.0)), AXIS, _add_pairs, keep_dims=KEEP)
 
 
 @triton.jit
@@ -423,8 +442,7 @@ def block_begin(p_agg_a, p_agg_b, i_k, o_n, m_n, NK, CPB, T, BT: tl.constexpr, P
             (tl.load(p_agg_a + off, mask=m, other=1).to(ACC), tl.load(p_agg_b + off, mask=m, other=0).to(ACC)),
             1, linear_combine,
         )  # fmt: skip
-        b_Apre = _edge(b_A, 1, False, False)
-        b_Bpre = _edge(b_B, 1, False, False)
+        b_Apre, b_Bpre = _edges(b_A, b_B, 1, False, False)
     return c_lo, c_hi, c_off, b_Apre, b_Bpre, tl.full([BN], 1.0, dtype=ACC)
 
 
@@ -457,7 +475,7 @@ def _fold_published(p_agg_a, p_agg_b, p_flag, o_b, m_b, LEVEL, WRAP: tl.constexp
          tl.load(p_agg_b + o_b, mask=m_b, other=0, volatile=True)),
         0, linear_combine,
     )  # fmt: skip
-    return _edge(b_A, 0, False, True), _edge(b_B, 0, False, True)
+    return _edges(b_A, b_B, 0, False, True)
 
 
 @triton.jit
@@ -627,9 +645,15 @@ def lookback_prefix(b_a, b_b, p_agg_a, p_agg_b, p_flag, o_n, i_k, E, N, NK, BT: 
 def chunk_aggregate(b_a, b_b, o_n, BT: tl.constexpr, REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr,
                     CONTAIN: tl.constexpr):  # fmt: skip
     """The chunk's aggregate (product of a, final state from 0), each [BN] (o_n: the program's env ids)."""
-    b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, FORM)
-    _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, CONTAIN)
-    return b_Al, carry_row(b_Bl, FORM)
+    if FORM == GROUPS4 or FORM == GROUPS8:  # from the scan across groups, without a carry tile to reduce again
+        A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7 = _group_maps(b_a, b_b, CONTAIN)
+        iA, iB, _nA, _nB = _scan_groups(A0, B0, 0, CONTAIN)
+        b_Al, b_Bl = _edges(iA, iB, 0, False, False)
+    else:
+        b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, FORM)
+        _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, CONTAIN)
+        b_Bl = carry_row(b_Bl, FORM)
+    return b_Al, b_Bl
 
 
 @triton.jit
