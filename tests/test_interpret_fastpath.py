@@ -1,5 +1,6 @@
 """The interpreter's NumPy folds for our scan combines (kernels/_interpret.py), the contained ones and the plain
-ones, against a float64 loop over the steps, forward and reverse, on random data."""
+ones, against a float64 loop over the steps, forward and reverse, on random data; the fold of the pairwise sum's
+reduction and the edges it picks likewise."""
 
 import numpy as np
 import pytest
@@ -60,6 +61,54 @@ def test_fast_fold_matches_loop(kernel, n_out, reverse, plain):
     out = torch.empty(n_out, 4, 16, dtype=torch.float64)
     kernel[(1,)](a, b, out, REVERSE=reverse, BN=4, BT=16, PLAIN=plain)
     np.testing.assert_allclose(out.numpy(), _loop(a.numpy(), b.numpy(), reverse)[:n_out], rtol=1e-12, atol=1e-12)
+
+
+@triton.jit
+def _sum_pairs(p_x, p_y, p_out, AXIS: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
+    off = tl.arange(0, BN)[:, None] * BT + tl.arange(0, BT)[None, :]
+    s, t = tl.reduce((tl.load(p_x + off), tl.load(p_y + off)), AXIS, core._add_pairs)
+    o = tl.arange(0, BT if AXIS == 0 else BN)
+    tl.store(p_out + o, s)
+    tl.store(p_out + o.shape[0] + o, t)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_fast_reduce_matches_loop(axis):
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(2, 4, 16, generator=g, dtype=torch.float64)
+    out = torch.empty(2, x.shape[1 - axis], dtype=torch.float64)
+    _sum_pairs[(1,)](x, y, out, AXIS=axis, BN=4, BT=16)
+    want = np.zeros((2, x.shape[1 - axis]))
+    for i in range(x.shape[axis]):  # a left fold, as the reduction's combine is applied
+        want[0] += x.numpy().take(i, axis)
+        want[1] += y.numpy().take(i, axis)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+@triton.jit
+def _edges(p_x, p_y, p_out, AXIS: tl.constexpr, FIRST: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
+    off = tl.arange(0, BN)[:, None] * BT + tl.arange(0, BT)[None, :]
+    x, y = tl.load(p_x + off), tl.load(p_y + off)
+    e, f = core._edges(x, y, AXIS, FIRST, False)
+    o = tl.arange(0, BT if AXIS == 0 else BN)
+    tl.store(p_out + o, e)
+    tl.store(p_out + o.shape[0] + o, f)
+    tl.store(p_out + 2 * o.shape[0] + o, core._edge(x, AXIS, FIRST, False))
+    tl.store(p_out + 3 * o.shape[0] + o, core._edge(y, AXIS, FIRST, False))
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["last", "first"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_edges_pick_the_edge_slots(axis, first):
+    """core._edges (one reduction for two tiles) gives the values at the edge slots, as core._edge does for each."""
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(2, 4, 16, generator=g, dtype=torch.float32)
+    out = torch.empty(4, x.shape[1 - axis], dtype=torch.float32)
+    _edges[(1,)](x, y, out, AXIS=axis, FIRST=first, BN=4, BT=16)
+    i = 0 if first else x.shape[axis] - 1
+    want = torch.stack([x.select(axis, i), y.select(axis, i)])
+    torch.testing.assert_close(out[:2], want, rtol=0, atol=0)
+    torch.testing.assert_close(out[2:], want, rtol=0, atol=0)
 
 
 @triton.jit

@@ -1,12 +1,12 @@
-"""Speeds up ``tl.associative_scan`` of our scan combines under ``TRITON_INTERPRET=1``.
+"""Speeds up ``tl.associative_scan`` and ``tl.reduce`` of our combines under ``TRITON_INTERPRET=1``.
 
-Triton's interpreter runs a scan with a user combine function one element at a time in Python
+Triton's interpreter runs a scan or a reduction with a user combine function one element at a time in Python
 (about 0.1 ms per element), which makes interpreted tests of realistic sizes take minutes. For the
 combines registered here (the core's ``linear_combine``, ``linear_combine_next`` and their plain forms;
-:mod:`rl_triton.llm`'s GAE pair map), this replaces that loop by the same left fold vectorised with NumPy
-across the other axes: identical semantics (an inclusive scan along the axis), just fast. Every other scan
-goes through Triton's own code. Only the interpreter is affected (``tests/test_interpret_fastpath.py`` checks
-the core's folds against a float64 loop).
+:mod:`rl_triton.llm`'s GAE pair map; the core's pairwise sum), this replaces that loop by the same left fold
+vectorised with NumPy across the other axes: identical semantics (an inclusive scan along the axis, or its last
+element), just fast. Every other scan and reduction goes through Triton's own code. Only the interpreter is
+affected (``tests/test_interpret_fastpath.py`` checks the core's folds against a float64 loop).
 """
 
 from __future__ import annotations
@@ -68,8 +68,46 @@ def fold_gae_pair(p, q, r, b1, b2):
     return p, q, r, b1, b2
 
 
+def fold_sums(*xs):
+    """The left fold of a reduction whose combine adds each operand to its own (core._add_pairs): the last
+    element of each operand's running sum (NumPy's cumsum adds in order)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return [np.cumsum(x, axis=-1)[..., -1] for x in xs]
+
+
 FOLDS = (_fold_linear, _fold_linear_next, _fold_plain, _fold_plain_next)
 _FOLDS: dict = {}  # a combine's Python function -> its fold
+_REDUCE_FOLDS: dict = {}  # the same for reductions
+
+
+def install_reduce(combine, fold) -> bool:
+    """Registers a reduction's combine with its fold (:func:`fold_sums`) and, the first time, routes the
+    interpreter's reductions along an axis through the registered folds. False without an interpreter."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - triton without an interpreter
+        return False
+    reduce_ops = getattr(interpreter, "ReduceOps", None)
+    if reduce_ops is None:
+        return False
+    _REDUCE_FOLDS[getattr(combine, "fn", combine)] = fold
+    if getattr(reduce_ops, "_rl_triton_patched", False):
+        return True
+    original = reduce_ops.generic_reduce
+
+    def generic_reduce(self, input):
+        fold = _REDUCE_FOLDS.get(getattr(self.combine_fn, "fn", None))
+        if fold is None or self.axis is None:
+            return original(self, input)
+        out = fold(*(np.moveaxis(x.handle.data, self.axis, -1) for x in input))
+        if self.keep_dims:
+            out = [np.expand_dims(o, self.axis) for o in out]
+        dtypes = [x.handle.data.dtype for x in input]
+        return [self.to_tensor(np.asarray(o, dtype=d), x.dtype) for o, d, x in zip(out, dtypes, input, strict=True)]
+
+    reduce_ops.generic_reduce = generic_reduce
+    reduce_ops._rl_triton_patched = True
+    return True
 
 
 def install(*combines, folds=FOLDS) -> bool:
