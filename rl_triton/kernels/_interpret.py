@@ -76,25 +76,23 @@ def fold_sums(*xs):
 
 
 FOLDS = (_fold_linear, _fold_linear_next, _fold_plain, _fold_plain_next)
-_FOLDS: dict = {}  # a combine's Python function -> its fold
+_FOLDS: dict = {}  # a scan's combine (its Python function) -> its fold
 _REDUCE_FOLDS: dict = {}  # the same for reductions
 
 
-def install_reduce(combine, fold) -> bool:
-    """Registers a reduction's combine with its fold (:func:`fold_sums`) and, the first time, routes the
-    interpreter's reductions along an axis through the registered folds. False without an interpreter."""
-    try:
-        from triton.runtime import interpreter
-    except ImportError:  # pragma: no cover - triton without an interpreter
-        return False
-    reduce_ops = getattr(interpreter, "ReduceOps", None)
-    if reduce_ops is None:
-        return False
-    _REDUCE_FOLDS[getattr(combine, "fn", combine)] = fold
-    if getattr(reduce_ops, "_rl_triton_patched", False):
-        return True
-    original = reduce_ops.generic_reduce
+def _fast_scan(original):
+    def generic_scan(self, input):
+        fold = _FOLDS.get(getattr(self.combine_fn, "fn", None))
+        if fold is None or len(input) != fold.__code__.co_argcount:
+            return original(self, input)
+        data = [np.moveaxis(x.handle.data, self.axis, -1).copy() for x in input]
+        out = fold(*data)
+        return [self.to_tensor(np.moveaxis(o, -1, self.axis), x.dtype) for o, x in zip(out, input, strict=True)]
 
+    return generic_scan
+
+
+def _fast_reduce(original):
     def generic_reduce(self, input):
         fold = _REDUCE_FOLDS.get(getattr(self.combine_fn, "fn", None))
         if fold is None or self.axis is None:
@@ -105,34 +103,34 @@ def install_reduce(combine, fold) -> bool:
         dtypes = [x.handle.data.dtype for x in input]
         return [self.to_tensor(np.asarray(o, dtype=d), x.dtype) for o, d, x in zip(out, dtypes, input, strict=True)]
 
-    reduce_ops.generic_reduce = generic_reduce
-    reduce_ops._rl_triton_patched = True
+    return generic_reduce
+
+
+def _patch_once(class_name: str, method: str, make) -> bool:
+    """Replaces ``method`` of the interpreter's ``class_name`` by ``make(original)``, the first time only. False
+    without an interpreter."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - triton without an interpreter
+        return False
+    ops = getattr(interpreter, class_name, None)
+    if ops is None:
+        return False
+    if not getattr(ops, "_rl_triton_patched", False):
+        setattr(ops, method, make(getattr(ops, method)))
+        ops._rl_triton_patched = True
     return True
 
 
 def install(*combines, folds=FOLDS) -> bool:
     """Registers each combine with the fold at its position in ``folds`` (the core's four by default) and, the
     first time, routes the interpreter's scans through the registered folds. False without an interpreter."""
-    try:
-        from triton.runtime import interpreter
-    except ImportError:  # pragma: no cover - triton without an interpreter
-        return False
-    scan_ops = getattr(interpreter, "ScanOps", None)
-    if scan_ops is None:
-        return False
     _FOLDS.update((getattr(c, "fn", c), fold) for c, fold in zip(combines, folds, strict=False))
-    if getattr(scan_ops, "_rl_triton_patched", False):
-        return True
-    original = scan_ops.generic_scan
+    return _patch_once("ScanOps", "generic_scan", _fast_scan)
 
-    def generic_scan(self, input):
-        fold = _FOLDS.get(getattr(self.combine_fn, "fn", None))
-        if fold is None or len(input) != fold.__code__.co_argcount:
-            return original(self, input)
-        data = [np.moveaxis(x.handle.data, self.axis, -1).copy() for x in input]
-        out = fold(*data)
-        return [self.to_tensor(np.moveaxis(o, -1, self.axis), x.dtype) for o, x in zip(out, input, strict=True)]
 
-    scan_ops.generic_scan = generic_scan
-    scan_ops._rl_triton_patched = True
-    return True
+def install_reduce(combine, fold) -> bool:
+    """Registers a reduction's combine with its fold (:func:`fold_sums`) and, the first time, routes the
+    interpreter's reductions along an axis through the registered folds. False without an interpreter."""
+    _REDUCE_FOLDS[getattr(combine, "fn", combine)] = fold
+    return _patch_once("ReduceOps", "generic_reduce", _fast_reduce)
