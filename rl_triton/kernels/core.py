@@ -1013,7 +1013,7 @@ def publish_and_wait(p_flag, rows, m_row, NB, i_k, i_b, later, epoch, MAX_SPIN: 
     tl.debug_barrier()
 
 
-if _config.INTERPRET:  # the combines' scans as NumPy folds under Triton's interpreter (kernels/_interpret.py)
+if _config.INTERPRET:  # the combines' scans and _edges' reductions as NumPy folds in the interpreter (_interpret.py)
     from ._interpret import fold_sums, install, install_reduce
 
     install(linear_combine, linear_combine_next, plain_combine, plain_combine_next)
