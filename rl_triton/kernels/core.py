@@ -316,9 +316,21 @@ def _add_pairs(x_l, y_l, x_r, y_r):
 def _edges(b_x, b_y, AXIS: tl.constexpr, FIRST: tl.constexpr, KEEP: tl.constexpr):
     """:func:`_edge` of two tiles of one shape in one reduction: an aggregate's (A, B) cross the warps
     through shared memory once, not twice (a barrier pair fewer per chunk; docs/performance.md). Not
-    for the time-major look-back's folds nor plain tiles' carries, where the pair took more registers."""
+    for the time-major look-back (its folds and aggregates) nor walked plain tiles' carries, where the pair took
+    more registers."""
     b_at = _at_edge(b_x, AXIS, FIRST)
     return tl.reduce((tl.where(b_at, b_x, 0.0), tl.where(b_at, b_y, 0.0)), AXIS, _add_pairs, keep_dims=KEEP)
+
+
+@triton.jit
+def _plain_scan(b_a, b_b, REVERSE: tl.constexpr, FORM: tl.constexpr, CONTAIN: tl.constexpr):
+    """(A, B) of a plain tile's chunk from 0, scanned along time in processing order (descending tiles hold
+    processing order, so they scan forward); contained combines with CONTAIN."""
+    if CONTAIN:
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and FORM == PLAIN)
+    else:
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, plain_combine, reverse=REVERSE and FORM == PLAIN)
+    return b_A, b_B
 
 
 @triton.jit
@@ -334,11 +346,8 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM:
         b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO, CONTAIN, STATES)
     elif FORM == ENV_GROUPS:
         b_x, _xn, b_carry_new, b_Ac = _env_group_states(b_a, b_b, b_carry, ZERO, CONTAIN, STATES)
-    else:  # plain tiles; descending ones hold processing order, so they scan forward
-        if CONTAIN:
-            b_A, b_B = tl.associative_scan((b_a, b_b), 1, linear_combine, reverse=REVERSE and FORM == PLAIN)
-        else:
-            b_A, b_B = tl.associative_scan((b_a, b_b), 1, plain_combine, reverse=REVERSE and FORM == PLAIN)
+    else:
+        b_A, b_B = _plain_scan(b_a, b_b, REVERSE, FORM, CONTAIN)
         b_x = _on(b_A, b_B, b_carry[:, None], ZERO, STATES)
         b_carry_new = _edge(b_x, 1, REVERSE and FORM == PLAIN, False)
         b_Ac = _edge(b_A, 1, REVERSE and FORM == PLAIN, False)
@@ -649,6 +658,11 @@ def chunk_aggregate(b_a, b_b, o_n, BT: tl.constexpr, REVERSE: tl.constexpr, FORM
         A0, A1, A2, A3, A4, A5, A6, A7, B0, B1, B2, B3, B4, B5, B6, B7 = _group_maps(b_a, b_b, CONTAIN)
         iA, iB, _nA, _nB = _scan_groups(A0, B0, 0, CONTAIN)
         b_Al, b_Bl = _edges(iA, iB, 0, False, False)
+    elif FORM != ENV_GROUPS and o_n.shape[0] == 1:
+        # one env per program: the pair crosses the warps in one reduction (time-major blocks of many envs
+        # keep two, which cost them registers)
+        b_A, b_B = _plain_scan(b_a, b_b, REVERSE, FORM, CONTAIN)
+        b_Al, b_Bl = _edges(b_A, b_B, 1, REVERSE and FORM == PLAIN, False)
     else:
         b_zero = carry_tile(tl.zeros(o_n.shape, ACC), BT, FORM)
         _x, b_Bl, b_Al = scan_chunk(b_a, b_b, b_zero, BT, REVERSE, FORM, True, CONTAIN)
