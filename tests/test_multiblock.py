@@ -175,7 +175,8 @@ def test_long_row_plans():
     """Rows of one chunk up to the kind's one-chunk limit (2048 steps for GAE, 4096 for the others), longer ones
     walked in 1024-step chunks; long rows of few envs split into time blocks: look-back blocks of 2048 steps for
     GAE and the traces (4096-step ones, and two passes for the traces, in launches of few blocks), register caps
-    on float32 look-back blocks, zeroed flags past EPOCH_MAX_BLOCKS blocks, windows raised to sqrt(blocks)."""
+    on float32 look-back blocks (lower ones on rows of at least 128 blocks), zeroed flags past EPOCH_MAX_BLOCKS
+    blocks, windows raised to sqrt(blocks)."""
     single = Split.SINGLE
     assert _split("gae", 4096, 512) == (512, single, 1, 1, 48)
     assert _split("gae", 4096, 2048)[:2] == (2048, single)
@@ -185,15 +186,18 @@ def test_long_row_plans():
     assert _split("gae", 1, 1 << 20) == (4096, Split.LOOKBACK, 256, 256, None)  # small launch: one window
     assert _split("gae", 4, 1 << 20) == (2048, Split.LOOKBACK, 512, 64, 72)
     assert _split("gae", 1, 1 << 24) == (2048, Split.LOOKBACK, 8192, 128, 72)  # 64 raised to sqrt(8192)
-    assert _split("vtrace", 1, 1 << 24) == (1024, Split.LOOKBACK, 16384, 256, 80)
-    assert _split("vtrace", 1, 1 << 20)[4] == 80  # V-trace: capped at any size
+    assert _split("vtrace", 1, 1 << 24) == (1024, Split.LOOKBACK, 16384, 128, 72)
+    assert _split("vtrace", 1, 1 << 20)[4] == 72  # rows of at least 128 blocks: a lower cap
+    assert _split("vtrace", 256, 1 << 16)[:2] + _split("vtrace", 256, 1 << 16)[3:] == (1024, Split.LOOKBACK, 64, 80)
     assert _split("returns", 16, 1 << 20)[4] == 64
     assert _split("returns", 1, 1 << 20) == (2048, Split.LOOKBACK, 512, 128, None)
     assert _split("returns_nv", 1, 1 << 20) == (2048, Split.LOOKBACK, 512, 256, None)
-    assert _split("returns_nv", 16, 1 << 20)[4] == 80
+    assert _split("returns_nv", 16, 1 << 20)[4] == 72
+    assert _split("returns_nv", 256, 1 << 16)[3:] == (32, 80)  # 32 blocks per row: the policy's cap
     assert _split("forward", 1, 1 << 20) == (1024, Split.TWO_PASS, 1024, 1, None)
     assert _split("forward", 4, 1 << 20) == (1024, Split.TWO_PASS, 1024, 1, None)  # 2048 blocks: still two passes
-    assert _split("forward", 8, 1 << 20) == (2048, Split.LOOKBACK, 512, 256, 72)  # 4096 blocks
+    assert _split("forward", 8, 1 << 20) == (2048, Split.LOOKBACK, 512, 128, 64)  # 4096 blocks
+    assert _split("forward", 256, 1 << 16)[3:] == (32, 72)
     assert _split("gae", 16, 1 << 20, torch.float64)[4] is None  # caps measured with float32 only
     assert _split("gae", 16, 1 << 20, torch.bfloat16)[4] is None
     assert _split("vtrace", 16, 1 << 20, torch.bfloat16)[4] == _split("forward", 16, 1 << 20, torch.bfloat16)[4] == 80

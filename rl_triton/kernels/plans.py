@@ -143,14 +143,20 @@ _TILE_WARPS_16BIT = {"returns": {(2, 512): 2}}
 # Time-block splits per kind.
 _SPLIT = {
     "gae": _SplitPolicy(2, True, 64, None, 72),
-    "vtrace": _SplitPolicy(1, True, 256, None, 80),
+    "vtrace": _SplitPolicy(1, True, 128, None, 80),
     "returns": _SplitPolicy(2, True, 128, None, 64),
     "returns_nv": _SplitPolicy(2, True, 64, 4, 80),
-    "forward": _SplitPolicy(2, True, 256, None, 72),
+    "forward": _SplitPolicy(2, True, 128, None, 72),
     "retrace": _SplitPolicy(1, True, 256, None, 128),
 }
-# Register caps of look-back blocks of 2-byte floats (float32 ones: _SPLIT).
+# Float32 caps of look-back rows of at least _LONG_ROW_BLOCKS blocks, where lower than _SPLIT's measured faster
+# (more programs per SM to wait on the look-back); shorter rows keep _SPLIT's (TD(lambda): 256x65,536 lost).
+_LONG_ROW_BLOCKS = 128
+_LONG_ROW_CAPS = {"vtrace": 72, "returns_nv": 72, "forward": 64}
+# Register caps of look-back blocks of 2-byte floats (float32 ones: _SPLIT, _LONG_ROW_CAPS).
 _SPLIT_CAPS_16BIT = {"vtrace": 80, "forward": 80}
+# Look-back windows of 2-byte floats where other than _SPLIT's measured faster (V-trace 64x262,144: 128 lost).
+_SPLIT_WINDOWS_16BIT = {"vtrace": 256}
 # Launches of fewer blocks than _SMALL[kind] are latency-bound and take _SPLIT_SMALL[kind] instead.
 _SMALL = {"gae": 2048, "returns": 2048, "returns_nv": 2048, "forward": 4096}
 _SPLIT_SMALL = {
@@ -260,6 +266,10 @@ def _split(n: int, t: int, base: Plan, kind: str, dtype: torch.dtype | None, blo
             return base
     if lookback and base.bn == 1:
         blocks = cdiv(n, base.bn) * n_chunks
+        if maxnreg is not None and n_chunks >= _LONG_ROW_BLOCKS:
+            maxnreg = _LONG_ROW_CAPS.get(kind, maxnreg)
+        if dtype is not None and dtype.itemsize == 2:
+            window = _SPLIT_WINDOWS_16BIT.get(kind, window)
         return replace(
             base, split=Split.LOOKBACK, window=_window(n_chunks, window), epochs=blocks <= EPOCH_MAX_BLOCKS,
             maxnreg=maxnreg if _is_f32(dtype) else _SPLIT_CAPS_16BIT.get(kind) if dtype.itemsize == 2 else None,
