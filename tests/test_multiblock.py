@@ -188,7 +188,9 @@ def test_long_row_plans():
     assert _split("gae", 1, 1 << 24) == (2048, Split.LOOKBACK, 8192, 128, 72)  # 64 raised to sqrt(8192)
     assert _split("vtrace", 1, 1 << 24) == (1024, Split.LOOKBACK, 16384, 128, 72)
     assert _split("vtrace", 1, 1 << 20)[4] == 72  # rows of at least 128 blocks: a lower cap
-    assert _split("vtrace", 256, 1 << 16)[:2] + _split("vtrace", 256, 1 << 16)[3:] == (1024, Split.LOOKBACK, 64, 80)
+    assert _split("vtrace", 256, 1 << 16)[3:] == (64, 80)  # 64 blocks per row: the policy's cap
+    for dtype in (torch.bfloat16, torch.float16):  # 2-byte V-trace keeps windows of 256
+        assert _split("vtrace", 1, 1 << 24, dtype)[3:] == (256, 80)
     assert _split("returns", 16, 1 << 20)[4] == 64
     assert _split("returns", 1, 1 << 20) == (2048, Split.LOOKBACK, 512, 128, None)
     assert _split("returns_nv", 1, 1 << 20) == (2048, Split.LOOKBACK, 512, 256, None)
