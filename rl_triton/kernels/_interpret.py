@@ -116,7 +116,7 @@ def _patch_once(class_name: str, method: str, make) -> bool:
     ops = getattr(interpreter, class_name, None)
     if ops is None:
         return False
-    if not getattr(ops, "_rl_triton_patched", False):
+    if not vars(ops).get("_rl_triton_patched"):  # this class's own flag, not one inherited from a patched base
         setattr(ops, method, make(getattr(ops, method)))
         ops._rl_triton_patched = True
     return True
