@@ -266,26 +266,31 @@ def test_whole_chunks_policy(kind, t, dtype, whole):
     assert plan.whole == whole
 
 
-# Two-env programs of one 512-step chunk: the discounted returns in 2 warps for 2-byte floats (else 4), V-trace
-# capped at 72 registers for 2-byte floats (7 programs per SM instead of 6), GAE at 48 for both.
+# Rows of one 512-step chunk in two-env programs: for 2-byte floats the discounted returns and GAE in 2 warps, V-trace
+# capped at 72 registers (7 programs per SM instead of 6); else 4 warps (GAE capped at 48 registers in float32).
 _TILE_POLICY = [
-    ("returns", torch.bfloat16, 2, None),
-    ("returns", torch.float16, 2, None),
-    ("returns", F32, 4, None),
-    ("returns_nv", torch.bfloat16, 4, None),
-    ("gae", torch.bfloat16, 4, 48),
-    ("vtrace", torch.bfloat16, 4, 72),
-    ("vtrace", F32, 4, None),
+    ("returns", torch.bfloat16, 2, 2, None),
+    ("returns", torch.float16, 2, 2, None),
+    ("returns", F32, 2, 4, None),
+    ("returns_nv", torch.bfloat16, 2, 4, None),
+    ("returns_nv", F32, 2, 4, None),
+    ("gae", torch.bfloat16, 2, 2, None),
+    ("gae", torch.float16, 2, 2, None),
+    ("gae", F32, 2, 4, 48),
+    ("vtrace", torch.bfloat16, 2, 4, 72),
+    ("vtrace", F32, 2, 4, None),
+    ("forward", torch.bfloat16, 2, 4, None),
+    ("retrace", torch.bfloat16, 2, 8, None),
 ]
 
 
 @pytest.mark.parametrize(
-    "kind, dtype, warps, maxnreg",
+    "kind, dtype, bn, warps, maxnreg",
     [pytest.param(*c, id=f"{c[0]}-{str(c[1]).removeprefix('torch.')}") for c in _TILE_POLICY],
 )
-def test_tile_policy(kind, dtype, warps, maxnreg):
-    plan = plans.choose(kind, 16384, 512, dtype)
-    assert (plan.split, plan.bn, plan.bt) == (Split.SINGLE, 2, 512)
+def test_tile_policy(kind, dtype, bn, warps, maxnreg):
+    plan = plans.choose(kind, 16384, 512, dtype, num_actions=4 if kind == "retrace" else 0)
+    assert (plan.split, plan.bn, plan.bt) == (Split.SINGLE, bn, 512)
     assert (plan.warps, plan.maxnreg) == (warps, maxnreg)
 
 

@@ -203,6 +203,7 @@ def test_long_row_plans():
     assert _split("gae", 16, 1 << 20, torch.float64)[4] is None  # caps measured with float32 only
     assert _split("gae", 16, 1 << 20, torch.bfloat16)[4] is None
     assert _split("vtrace", 16, 1 << 20, torch.bfloat16)[4] == _split("forward", 16, 1 << 20, torch.bfloat16)[4] == 80
+    assert _split("returns", 64, 1 << 18, torch.bfloat16)[4] == _split("returns", 1, 1 << 24, torch.bfloat16)[4] == 64
     assert plans.choose("retrace", 16, 1 << 20, torch.float32, num_actions=4).maxnreg == 128
     assert plans.choose("gae", 1, 1 << 20, torch.float32).epochs
     assert not plans.choose("gae", 1, 1 << 24, torch.float32).epochs  # 8192 blocks: zeroed flags
@@ -216,8 +217,8 @@ def test_long_row_plans():
 def test_single_pass_register_caps():
     """Single-pass caps where they were measured: GAE in one-chunk programs of 512 or 1024 steps and 4 warps,
     V-trace in one-chunk programs of 2048 steps (and 4096 in 2-byte dtypes), TD(lambda) in 2-byte programs of
-    4096 steps, Retrace with 3-4 actions walking 1024-step chunks (and, for 2-byte dtypes, rows of 512 steps);
-    float32 and 2-byte dtypes only."""
+    4096 steps, Retrace with 3-4 actions walking 1024-step chunks; float32 and 2-byte dtypes only (GAE's 2-byte
+    rows of 512 steps run 2 warps uncapped)."""
 
     def gae(n, t, dtype=torch.float32):
         return plans.choose("gae", n, t, dtype).maxnreg
@@ -226,7 +227,8 @@ def test_single_pass_register_caps():
         return plans.choose("retrace", n, t, dtype, num_actions=a).maxnreg
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        assert gae(16384, 512, dtype) == gae(64, 300, dtype) == gae(8192, 1024, dtype) == gae(64, 1000, dtype) == 48
+        assert gae(8192, 1024, dtype) == gae(64, 1000, dtype) == 48
+        assert gae(16384, 512, dtype) == gae(64, 300, dtype) == (48 if dtype == torch.float32 else None)
         assert retrace(4096, 2048, 4, dtype) == retrace(8, 1100, 3, dtype) == 64
     assert gae(16384, 512, torch.float64) is retrace(4096, 2048, 4, torch.float64) is None
     assert gae(4096, 2048) is gae(16384, 256) is gae(1024, 8) is None
@@ -239,11 +241,29 @@ def test_single_pass_register_caps():
     assert plans.choose("returns_nv", 8192, 4096, torch.float32).maxnreg is None
     assert plans.choose("forward", 8192, 4096, torch.bfloat16).maxnreg is None  # a cap of 64 lost there
     assert plans.choose("returns", 16384, 512, torch.float32).maxnreg is None
-    assert retrace(16384, 512, 4, torch.bfloat16) == 64
-    assert retrace(16384, 512, 4, torch.float32) is None  # float32 lost there
+    assert retrace(16384, 512, 4, torch.bfloat16) is retrace(16384, 512, 4, torch.float32) is None  # lost there
     assert retrace(4096, 1024, 4, torch.bfloat16) is None  # one 1024-step chunk: not measured
     assert retrace(4096, 2048, 8) is retrace(4096, 2048, 18) is retrace(4096, 2048, 2) is None
     assert retrace(1 << 20, 8, 4, torch.bfloat16) is None
+
+
+def test_time_major_lookback_caps():
+    """Time-major look-back blocks take a cap where it measured faster (V-trace float32 128, TD(lambda) 72 float32
+    and 64 2-byte, GAE 64 2-byte), only in launches of at least _TM_CAP_MIN_BLOCKS blocks; no other split or kind."""
+
+    def cap(kind, n, t, dtype=torch.float32):
+        plan = plans.choose(kind, n, t, dtype, time_major=True)
+        return plan.split, plan.maxnreg
+
+    lookback = Split.LOOKBACK
+    assert cap("vtrace", 4096, 2048) == cap("vtrace", 1024, 8192) == (lookback, 128)  # 4096 blocks
+    assert cap("returns_nv", 8192, 4096) == (lookback, 72)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert cap("returns_nv", 4096, 2048, dtype) == cap("gae", 4096, 2048, dtype) == (lookback, 64)
+    assert cap("gae", 4096, 2048) == cap("vtrace", 256, 1 << 16, torch.bfloat16) == (lookback, None)
+    assert cap("vtrace", 4096, 2048, torch.bfloat16) == (Split.TWO_PASS, None)
+    assert cap("returns_nv", 64, 512) == cap("vtrace", 64, 512) == (lookback, None)  # 16 blocks: no cap
+    assert cap("returns_nv", 16384, 512)[1] is cap("gae", 64, 512, torch.float64)[1] is None  # not look-back
 
 
 def test_caps_are_launch_options(monkeypatch):

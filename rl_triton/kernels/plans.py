@@ -137,8 +137,9 @@ _LATE = {
     "forward": {(4096, 8, 2): None},
 }
 # Warps of single-pass tiles of 2-byte floats, by kind: {(bn, bt): warps}, where other than tile()'s measured
-# faster (the discounted returns' two-env programs of one 512-step chunk; the other kinds lost with 2 warps).
-_TILE_WARPS_16BIT = {"returns": {(2, 512): 2}}
+# faster (the discounted returns' and GAE's two-env programs of one 512-step chunk; V-trace, TD(lambda) and the
+# traces lost with 2 warps).
+_TILE_WARPS_16BIT = {"returns": {(2, 512): 2}, "gae": {(2, 512): 2}}
 
 # Time-block splits per kind.
 _SPLIT = {
@@ -154,7 +155,7 @@ _SPLIT = {
 _LONG_ROW_BLOCKS = 128
 _LONG_ROW_CAPS = {"vtrace": 72, "returns_nv": 72, "forward": 64}
 # Register caps of look-back blocks of 2-byte floats (float32 ones: _SPLIT, _LONG_ROW_CAPS).
-_SPLIT_CAPS_16BIT = {"vtrace": 80, "forward": 80}
+_SPLIT_CAPS_16BIT = {"vtrace": 80, "returns": 64, "forward": 80}
 # Look-back windows of 2-byte floats where other than _SPLIT's measured faster (V-trace 64x262,144: 128 lost).
 _SPLIT_WINDOWS_16BIT = {"vtrace": 256}
 # Launches of fewer blocks than _SMALL[kind] are latency-bound and take _SPLIT_SMALL[kind] instead.
@@ -186,6 +187,11 @@ _TM_MAX_LOOKBACK = 2048  # look-back rows up to this many blocks are read in pla
 _TM_ENV_DIV = {"returns": 1, "forward": 1}  # vector loads along the envs lost for these (8 otherwise)
 _TM_ENV_DIV_LOOKBACK = {"forward": 1}
 _TM_LOOKBACK_MIN_SPLIT = {"returns": {4: 64, 2: 64}, "vtrace": {2: 64}}  # kind -> element size -> blocks
+# Register caps of time-major look-back blocks, by (kind, element size): one to three programs more per SM, where
+# that measured faster; only for launches of at least _TM_CAP_MIN_BLOCKS blocks, which fill every SM (on fewer the
+# cap adds no program that runs, only its spills).
+_TM_LOOKBACK_CAPS = {("vtrace", 4): 128, ("returns_nv", 4): 72, ("returns_nv", 2): 64, ("gae", 2): 64}
+_TM_CAP_MIN_BLOCKS = 1024
 # Warps of single-pass time-major programs, by (kind, element size), where other than _TM_WARPS measured faster.
 _TM_SINGLE_WARPS = {("returns_nv", 4): 8}
 # Time-major plans whose env count divides by their env block take it as env_div, which drops the env mask (with
@@ -378,7 +384,7 @@ def _retrace(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Plan:
         single = plan.split is Split.SINGLE
         if (
             single and (_is_f32(dtype) or dtype.itemsize == 2) and ap == _RETRACE_ACTIONS and plan.warps == 8
-            and plan.bn * plan.bt == 1024 and (_chunks(plan, t) > 1 or (dtype.itemsize == 2 and plan.bt == 512))
+            and plan.bn * plan.bt == 1024 and _chunks(plan, t) > 1
         ):  # fmt: skip
             plan = replace(plan, maxnreg=_RETRACE_SINGLE_CAP)
         whole = form is not Form.PLAIN and _whole("retrace", plan, t, dtype)
@@ -408,7 +414,8 @@ def _time_major(kind: str, n: int, t: int, dtype: torch.dtype | None, block: int
     if dtype is not None and dtype != torch.float64 and nk >= min_split:
         blocks = cdiv(n, bn) * n_chunks
         return replace(
-            plan, split=Split.LOOKBACK, window=_window(n_chunks, _TM_WINDOW), epochs=blocks <= EPOCH_MAX_BLOCKS
+            plan, split=Split.LOOKBACK, window=_window(n_chunks, _TM_WINDOW), epochs=blocks <= EPOCH_MAX_BLOCKS,
+            maxnreg=_TM_LOOKBACK_CAPS.get((kind, dtype.itemsize)) if blocks >= _TM_CAP_MIN_BLOCKS else None,
         )
     return replace(plan, split=Split.TWO_PASS, chunks_per_block=cpb)
 
