@@ -266,18 +266,18 @@ def test_whole_chunks_policy(kind, t, dtype, whole):
     assert plan.whole == whole
 
 
-# Rows of one 512-step chunk in two-env programs: for 2-byte floats the discounted returns and GAE in 2 warps, V-trace
-# capped at 72 registers (7 programs per SM instead of 6); else 4 warps (GAE capped at 48 registers in float32).
+# Rows of one 512-step chunk: for 2-byte floats one-env programs of 2 warps (GAE, V-trace capped at 72 registers,
+# both returns), else two-env programs of 4 warps (GAE capped at 48 registers in float32).
 _TILE_POLICY = [
-    ("returns", torch.bfloat16, 2, 2, None),
-    ("returns", torch.float16, 2, 2, None),
+    ("returns", torch.bfloat16, 1, 2, None),
+    ("returns", torch.float16, 1, 2, None),
     ("returns", F32, 2, 4, None),
-    ("returns_nv", torch.bfloat16, 2, 4, None),
+    ("returns_nv", torch.bfloat16, 1, 2, None),
     ("returns_nv", F32, 2, 4, None),
-    ("gae", torch.bfloat16, 2, 2, None),
-    ("gae", torch.float16, 2, 2, None),
+    ("gae", torch.bfloat16, 1, 2, None),
+    ("gae", torch.float16, 1, 2, None),
     ("gae", F32, 2, 4, 48),
-    ("vtrace", torch.bfloat16, 2, 4, 72),
+    ("vtrace", torch.bfloat16, 1, 2, 72),
     ("vtrace", F32, 2, 4, None),
     ("forward", torch.bfloat16, 2, 4, None),
     ("retrace", torch.bfloat16, 2, 8, None),

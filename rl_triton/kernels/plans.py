@@ -124,7 +124,7 @@ _WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
 # Register caps of single-pass programs of one chunk per row: kind -> {(bt, warps): cap}; then those of 2-byte
 # floats only (float32 lost there or was not timed).
 _SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}, "returns": {(4096, 8): 64}, "vtrace": {(2048, 8): 80}}
-_SINGLE_CAPS_16BIT = {"vtrace": {(512, 4): 72, (4096, 16): 64}, "returns_nv": {(4096, 8): 64}}
+_SINGLE_CAPS_16BIT = {"vtrace": {(512, 2): 72, (4096, 16): 64}, "returns_nv": {(4096, 8): 64}}
 _RETRACE_SINGLE_CAP = 64
 # Register caps of single-pass float32 programs that walk several chunks: kind -> {(bt, warps): cap}.
 _WALKED_CAPS = {"gae": {(1024, 4): 56}}
@@ -136,10 +136,10 @@ _LATE = {
     "returns_nv": {(4096, 8, 2): 64},
     "forward": {(4096, 8, 2): None},
 }
-# Warps of single-pass tiles of 2-byte floats, by kind: {(bn, bt): warps}, where other than tile()'s measured
-# faster (the discounted returns' and GAE's two-env programs of one 512-step chunk; V-trace, TD(lambda) and the
-# traces lost with 2 warps).
-_TILE_WARPS_16BIT = {"returns": {(2, 512): 2}, "gae": {(2, 512): 2}}
+# Envs and warps of single-pass tiles of 2-byte floats, by kind: {(bn, bt): (bn, warps)}, where other than tile()'s
+# measured faster: rows of one 512-step chunk in one-env programs of 2 warps instead of two-env programs of 4 (the
+# same 8 elements a thread, twice the programs). Retrace and the forward scans lost there.
+_TILE_16BIT = {kind: {(2, 512): (1, 2)} for kind in ("gae", "vtrace", "returns", "returns_nv")}
 
 # Time-block splits per kind.
 _SPLIT = {
@@ -329,7 +329,8 @@ def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
         base = tile(n, t)
     plan = _split(n, t, base, kind, dtype)
     if plan.split is Split.SINGLE and dtype is not None and dtype.itemsize == 2:
-        plan = replace(plan, warps=_TILE_WARPS_16BIT.get(kind, {}).get((plan.bn, plan.bt), plan.warps))
+        bn, warps = _TILE_16BIT.get(kind, {}).get((plan.bn, plan.bt), (plan.bn, plan.warps))
+        plan = replace(plan, bn=bn, warps=warps)
     if _one_chunk_rows(plan, t) and (_is_f32(dtype) or dtype.itemsize == 2):
         caps = _SINGLE_CAPS.get(kind, {}) | (_SINGLE_CAPS_16BIT.get(kind, {}) if dtype.itemsize == 2 else {})
         plan = replace(plan, maxnreg=caps.get((plan.bt, plan.warps)))
