@@ -414,10 +414,9 @@ def _time_major(kind: str, n: int, t: int, dtype: torch.dtype | None, block: int
     min_split = _TM_LOOKBACK_MIN_SPLIT.get(kind, {}).get(dtype.itemsize, 0) if dtype is not None else 0
     if dtype is not None and dtype != torch.float64 and nk >= min_split:
         blocks = cdiv(n, bn) * n_chunks
-        return replace(
-            plan, split=Split.LOOKBACK, window=_window(n_chunks, _TM_WINDOW), epochs=blocks <= EPOCH_MAX_BLOCKS,
-            maxnreg=_TM_LOOKBACK_CAPS.get((kind, dtype.itemsize)) if blocks >= _TM_CAP_MIN_BLOCKS else None,
-        )
+        plan = replace(plan, split=Split.LOOKBACK, window=_window(n_chunks, _TM_WINDOW))
+        cap = _TM_LOOKBACK_CAPS.get((kind, dtype.itemsize)) if blocks >= _TM_CAP_MIN_BLOCKS else None
+        return replace(plan, epochs=blocks <= EPOCH_MAX_BLOCKS, maxnreg=cap)
     return replace(plan, split=Split.TWO_PASS, chunks_per_block=cpb)
 
 
