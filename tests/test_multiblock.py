@@ -173,10 +173,10 @@ def _split(kind, n, t, dtype=torch.float32):
 
 def test_long_row_plans():
     """Rows of one chunk up to the kind's one-chunk limit (2048 steps for GAE, 4096 for the others), longer ones
-    walked in 1024-step chunks; long rows of few envs split into time blocks: look-back blocks of 2048 steps for
-    GAE and the traces (4096-step ones, and two passes for the traces, in launches of few blocks), register caps
-    on float32 look-back blocks (lower ones on rows of at least 128 blocks), zeroed flags past EPOCH_MAX_BLOCKS
-    blocks, windows raised to sqrt(blocks)."""
+    walked in 1024-step chunks (the forward scans' 2-byte rows in 2048-step chunks of 4 warps); long rows of few
+    envs split into time blocks: look-back blocks of 2048 steps for GAE and the traces (4096-step ones, and two
+    passes for the traces, in launches of few blocks), register caps on float32 look-back blocks (lower ones on rows
+    of at least 128 blocks), zeroed flags past EPOCH_MAX_BLOCKS blocks, windows raised to sqrt(blocks)."""
     single = Split.SINGLE
     assert _split("gae", 4096, 512) == (512, single, 1, 1, 48)
     assert _split("gae", 4096, 2048)[:2] == (2048, single)
@@ -212,6 +212,12 @@ def test_long_row_plans():
     assert plans.choose("returns_nv", 4096, 4096, torch.float32).warps == 8
     bf16 = plans.choose("gae", 4096, 4096, torch.bfloat16)
     assert (bf16.bn, bf16.bt, bf16.warps) == (1, 4096, 8)  # 2-byte floats: one 4096-step chunk
+    for dtype in (torch.bfloat16, torch.float16):
+        walked = [plans.choose("forward", n, t, dtype) for n, t in ((1024, 8192), (512, 16384), (2048, 4097))]
+        assert {(p.bn, p.bt, p.warps, p.split) for p in walked} == {(1, 2048, 4, single)}
+        assert plans.choose("returns", 1024, 8192, dtype).bt == 1024  # only the forward scans: the others lost
+    assert plans.choose("forward", 1024, 8192, torch.float32).bt == 1024
+    assert plans.choose("forward", 4096, 4096, torch.bfloat16).bt == 4096  # rows of one chunk keep it
 
 
 def test_single_pass_register_caps():

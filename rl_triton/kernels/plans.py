@@ -141,6 +141,10 @@ _LATE = {
 # same 8 elements a thread, twice the programs). Retrace and the forward scans lost there.
 _TILE_16BIT = {kind: {(2, 512): (1, 2)} for kind in ("gae", "vtrace", "returns", "returns_nv")}
 
+# Single-pass rows walked in chunks of 2-byte floats, by kind: the chunk length, where longer than MAX_BT measured
+# faster (the forward scans: half the chunks, so half the per-chunk tests and carry reductions).
+_WALKED_BT_16BIT = {"forward": 2048}
+
 # Time-block splits per kind.
 _SPLIT = {
     "gae": _SplitPolicy(2, True, 64, None, 72),
@@ -331,6 +335,9 @@ def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
     if plan.split is Split.SINGLE and dtype is not None and dtype.itemsize == 2:
         bn, warps = _TILE_16BIT.get(kind, {}).get((plan.bn, plan.bt), (plan.bn, plan.warps))
         plan = replace(plan, bn=bn, warps=warps)
+        walked_bt = _WALKED_BT_16BIT.get(kind, plan.bt)
+        if plan.bn == 1 and plan.bt < walked_bt < t:
+            plan = replace(plan, bt=walked_bt, warps=_chunk_warps(kind, walked_bt, dtype))
     if _one_chunk_rows(plan, t) and (_is_f32(dtype) or dtype.itemsize == 2):
         caps = _SINGLE_CAPS.get(kind, {}) | (_SINGLE_CAPS_16BIT.get(kind, {}) if dtype.itemsize == 2 else {})
         plan = replace(plan, maxnreg=caps.get((plan.bt, plan.warps)))
