@@ -211,6 +211,17 @@ def markdown(table: list[dict], base_label: str, head_label: str) -> str:
 # --------------------------------------------------------------------------------------------- the driver
 
 
+def tree_label(head) -> str:
+    """The table's name for the measured tree: HEAD and its commit, or a directory that is not a checkout of its
+    own (a copy of the sources) by its path."""
+    from . import report
+
+    commit, dirty = report.git_commit(Path(head))
+    if commit is None:
+        return "HEAD" if Path(head).resolve() == REPO else str(head)
+    return f"HEAD ({commit[:7]}{', dirty' if dirty else ''})"
+
+
 @contextlib.contextmanager
 def checked_out(base: str):
     """A directory holding BASE's tree: BASE itself if it is one, else a temporary git worktree of the commit."""
@@ -338,10 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             base_tree, head, rows, device=a.device, rounds=a.rounds, max_rounds=max(a.rounds, a.max_rounds),
             threshold=a.threshold, rep_ms=a.rep_ms, progress=Path(a.json) if a.json else None,
         )  # fmt: skip
-    from . import report
-
-    commit, dirty = report.git_commit(head)
-    head_label = "HEAD" if commit is None else f"HEAD ({commit[:7]}{', dirty' if dirty else ''})"
+    head_label = tree_label(head)
     text = markdown(table, base_label, head_label)
     bad = failed(table)
     control = next(r for r in table if r["row"] == CONTROL)

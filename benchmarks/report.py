@@ -39,8 +39,14 @@ def slug(label: str) -> str:
 
 
 def git_commit(repo: Path = REPO) -> tuple[str | None, bool | None]:
-    """(commit hash, working tree dirty) or (None, None) without git."""
+    """(commit hash, working tree dirty) or (None, None) without git, and for a tree that is not the top of its own
+    checkout (a copy of the sources unpacked inside another repository: that repository's commit is not its)."""
     try:
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        if Path(top).resolve() != Path(repo).resolve():
+            return None, None
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()

@@ -81,6 +81,27 @@ def test_commit_checked_out_and_removed():
     assert str(tree) not in listed
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_commit_of_a_tree(tmp_path):
+    """A checkout reports its own commit; a copy of sources unpacked inside it (not a checkout of its own) none, and
+    the gate names such a head by its directory."""
+    from benchmarks import report
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("a\n")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert report.git_commit(tmp_path) == (head, False)
+    (tmp_path / "copy").mkdir()
+    assert report.git_commit(tmp_path / "copy") == (None, None)
+    assert compare.tree_label(tmp_path) == f"HEAD ({head[:7]})"
+    assert compare.tree_label(tmp_path / "copy") == str(tmp_path / "copy")
+
+
 def test_run_on_cpu(tmp_path):
     """Both trees in alternating worker processes: BASE is a copy of this tree (a directory), so every row must
     have the same bits, two rounds, and an exit status that agrees with the verdicts."""
