@@ -42,14 +42,12 @@ def git_commit(repo: Path = REPO) -> tuple[str | None, bool | None]:
     """(commit hash, working tree dirty) or (None, None) without git, and for a tree that is not the top of its own
     checkout (a copy of the sources unpacked inside another repository: that repository's commit is not its)."""
     try:
-        top = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
+        top, commit = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10,
+            check=True,
+        ).stdout.splitlines()  # fmt: skip
         if Path(top).resolve() != Path(repo).resolve():
             return None, None
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
         status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
             cwd=repo,
