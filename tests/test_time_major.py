@@ -293,6 +293,18 @@ _POLICY = [
     ("returns_nv", 4096, 512, F32, 0, dict(split=Split.LOOKBACK, warps=4)),
     ("forward", 16384, 512, F32, 0, dict(whole=True, env_div=1)),
     ("retrace", 16384, 512, F32, 4, dict(whole=True, env_div=32)),
+    # splits of at most 128 blocks (2- and 4-byte floats): GAE, V-trace and the discounted returns in 8 warps,
+    # V-trace in look-back blocks where it took two passes; more blocks, or other kinds, keep 4 warps
+    ("gae", 256, 512, F32, 0, dict(split=Split.LOOKBACK, warps=8)),
+    ("gae", 64, 512, BF16, 0, dict(split=Split.LOOKBACK, warps=8)),
+    ("vtrace", 64, 512, BF16, 0, dict(split=Split.LOOKBACK, warps=8)),
+    ("returns", 64, 512, F32, 0, dict(split=Split.TWO_PASS, warps=8)),
+    ("gae", 64, 512, F64, 0, dict(split=Split.TWO_PASS, warps=4)),
+    ("vtrace", 512, 512, BF16, 0, dict(split=Split.LOOKBACK, warps=8)),
+    ("gae", 1024, 512, F32, 0, dict(split=Split.LOOKBACK, warps=4)),
+    ("vtrace", 1024, 512, BF16, 0, dict(split=Split.TWO_PASS, warps=4)),
+    ("returns_nv", 64, 512, F32, 0, dict(split=Split.LOOKBACK, warps=4)),
+    ("forward", 64, 512, F32, 0, dict(split=Split.LOOKBACK, warps=4)),
 ]
 
 

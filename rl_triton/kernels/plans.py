@@ -198,6 +198,12 @@ _TM_LOOKBACK_CAPS = {("vtrace", 4): 128, ("returns_nv", 4): 72, ("returns_nv", 2
 _TM_CAP_MIN_BLOCKS = 1024
 # Warps of single-pass time-major programs, by (kind, element size), where other than _TM_WARPS measured faster.
 _TM_SINGLE_WARPS = {("returns_nv", 4): 8}
+# Split launches of 2- and 4-byte floats in at most _TM_FEW_BLOCKS blocks (latency-bound: an H200's 132 SMs run
+# one block each or none): the warps of the kinds whose blocks measured faster with more, and the kinds that take
+# the look-back there even below _TM_LOOKBACK_MIN_SPLIT.
+_TM_FEW_BLOCKS = 128
+_TM_FEW_WARPS = {"gae": 8, "vtrace": 8, "returns": 8}
+_TM_FEW_LOOKBACK = ("vtrace",)
 # Time-major plans whose env count divides by their env block take it as env_div, which drops the env mask (with
 # whole chunks every mask folds away), by kind and element size: (single-pass plans, split ones). Not the forward
 # scans (their bits change), nor the returns without next values (slower).
@@ -418,9 +424,12 @@ def _time_major(kind: str, n: int, t: int, dtype: torch.dtype | None, block: int
     nk, cpb = _time_blocks(cdiv(n, bn), n_chunks)
     if nk == 1:
         return plan
+    blocks = cdiv(n, bn) * n_chunks
     min_split = _TM_LOOKBACK_MIN_SPLIT.get(kind, {}).get(dtype.itemsize, 0) if dtype is not None else 0
+    if dtype is not None and dtype.itemsize in (2, 4) and blocks <= _TM_FEW_BLOCKS:
+        plan = replace(plan, warps=_TM_FEW_WARPS.get(kind, plan.warps))
+        min_split = 0 if kind in _TM_FEW_LOOKBACK else min_split
     if dtype is not None and dtype != torch.float64 and nk >= min_split:
-        blocks = cdiv(n, bn) * n_chunks
         plan = replace(plan, split=Split.LOOKBACK, window=_window(n_chunks, _TM_WINDOW))
         cap = _TM_LOOKBACK_CAPS.get((kind, dtype.itemsize)) if blocks >= _TM_CAP_MIN_BLOCKS else None
         return replace(plan, epochs=blocks <= EPOCH_MAX_BLOCKS, maxnreg=cap)
