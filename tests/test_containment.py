@@ -39,7 +39,7 @@ LAYOUTS = {
     "groups4-two-pass": (160, Plan(1, 32, 4, Form.GROUPS4, Split.TWO_PASS)),
     "groups4-lookback": (160, Plan(1, 32, 4, Form.GROUPS4, Split.LOOKBACK, window=4)),
     "plain-walk": (160, Plan(1, 32, 4, Form.PLAIN)),
-    # plain outputs stored first, each chunk tested after (Plan.late): walked, two passes, and one chunk per row
+    # plain outputs stored first, tested once per program after (Plan.late): walked, two passes, one chunk per row
     "groups4-walk-late": (160, Plan(1, 32, 4, Form.GROUPS4, late=True)),
     "groups8-two-pass-late": (160, Plan(1, 32, 4, Form.GROUPS8, Split.TWO_PASS, late=True)),
     "plain-walk-late": (160, Plan(1, 32, 4, Form.PLAIN, late=True)),
@@ -48,20 +48,23 @@ LAYOUTS = {
     "plain-two-pass": (160, Plan(1, 32, 4, Form.PLAIN, Split.TWO_PASS)),
     "plain-lookback": (160, Plan(1, 32, 4, Form.PLAIN, Split.LOOKBACK, window=4)),
     "env-groups-lookback": (40, Plan(1, 8, 4, Form.ENV_GROUPS, Split.LOOKBACK, window=4)),
-    # time-major rows (views x.T of [T, N] buffers, read in place): the look-back over a block of envs, 5 time blocks
-    "time-major-lookback": (320, "time-major"),
+    # time-major rows (views x.T of [T, N] buffers, read in place), as a dict of fields replaced in the chosen plan:
+    # the look-back over a block of envs, 5 time blocks; a program walking the 5 chunks with the late test
+    "time-major-lookback": (320, {"split": Split.LOOKBACK, "window": 4, "chunks_per_block": 1}),
+    "time-major-walk-late": (320, {"split": Split.SINGLE, "late": True}),
+    "time-major-two-pass-late": (320, {"split": Split.TWO_PASS, "chunks_per_block": 2, "late": True}),
 }
 # The split layout of each case whose poison reaches the scan, spread over the functions so that every tile form
 # and split meets a case (entries that are never read do not depend on the layout; split rows are slow in the
 # interpreter).
 SPLIT_LAYOUTS = {
-    "gae-episode": ["groups4-lookback", "time-major-lookback", "groups4-walk-late"],
-    "vtrace-episode": ["groups4-two-pass", "groups8-two-pass-late"],
-    "retrace-episode": ["plain-lookback", "time-major-lookback", "plain-one-chunk-late"],
+    "gae-episode": ["groups4-lookback", "time-major-lookback", "groups4-walk-late", "time-major-walk-late"],
+    "vtrace-episode": ["groups4-two-pass", "groups8-two-pass-late", "time-major-two-pass-late"],
+    "retrace-episode": ["plain-lookback", "time-major-lookback", "plain-one-chunk-late", "time-major-walk-late"],
     "discounted-episode": ["env-groups-lookback", "groups4-walk-late", "groups8-one-chunk-late"],
-    "lambda-episode": ["groups4-walk", "plain-one-chunk-late"],
-    "traces-episode": ["plain-two-pass", "plain-walk-late"],
-    "prefix-episode": ["plain-lookback", "plain-one-chunk-late"],
+    "lambda-episode": ["groups4-walk", "plain-one-chunk-late", "time-major-walk-late"],
+    "traces-episode": ["plain-two-pass", "plain-walk-late", "time-major-walk-late"],
+    "prefix-episode": ["plain-lookback", "plain-one-chunk-late", "time-major-two-pass-late"],
     "prefix-starts-episode": ["plain-walk"],
 }
 
@@ -273,11 +276,11 @@ def _time_major(x):
 
 def _outputs(fn, kw, device, plan):
     kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    if plan == "time-major":
+    if isinstance(plan, dict):  # time-major rows: these fields of the chosen plan replaced
         t = kw["rewards" if "rewards" in kw else next(iter(kw))].shape[1]
         kind = kind_of(fn)
         chosen = plans.choose(kind, N, t, torch.float32, time_major=True, num_actions=4 if kind == "retrace" else 0)
-        plan = dataclasses.replace(chosen, split=Split.LOOKBACK, window=4, chunks_per_block=1)
+        plan = dataclasses.replace(chosen, **plan)
         kw = {k: _time_major(v) for k, v in kw.items()}
     out = getattr(R, fn)(**kw, plan=plan)
     return tuple(o.cpu() for o in (out if isinstance(out, tuple) else (out,)))
@@ -320,7 +323,7 @@ def test_containment(path, case, layout):
     t, plan = LAYOUTS[layout]
     if path.name == "interpret" and not _interpreter_contains():
         pytest.xfail("kernels/_interpret.py folds core.linear_combine without its select at a_r == 0")
-    if plan == "time-major" and path.name == "torch":
+    if isinstance(plan, dict) and path.name == "torch":
         plan = None  # the PyTorch path computes time-major calls on contiguous copies
     kw = make(t)
     poisons = poisons_of(kw, t)
@@ -390,7 +393,7 @@ def test_containment_gradients(path, case):
 def _both_scans(p_a, p_b, p_c, p_out, T, BN: tl.constexpr, BT: tl.constexpr, FORM: tl.constexpr,
                 REVERSE: tl.constexpr, NEXT: tl.constexpr):  # fmt: skip
     """One chunk of BN rows scanned from the carries p_c with plain combines and plain states (scan 0, as
-    core.late_pass's first pass), plain combines (1) and contained (2): x, xn, the new carry and the chunk's
+    the first pass of core.late_rows), plain combines (1) and contained (2): x, xn, the new carry and the chunk's
     product of a of each, at p_out[scan, output]."""
     o_n = tl.arange(0, BN)
     o_row = o_n.to(tl.int64) * T

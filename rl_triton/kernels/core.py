@@ -19,16 +19,17 @@ for finite ``x``, but for the sign of a zero ``b``) and cost instructions on eve
 :func:`scan_rows` tests each chunk (:func:`chunk_non_finite`) and takes the plain combines (plain_combine)
 unless an offset is NaN or infinite. Time-major rows are the exception: their programs walk many chunks of 64
 steps, where the test and its second path cost more registers and time than the selects (docs/performance.md),
-so they always take the contained combines. The carry entering a chunk can come from another episode of the row
-whatever the chunk holds, so it is always applied with the select, which costs one select per element.
+so they take the contained combines (or the late test below). The carry entering a chunk can come from another
+episode of the row whatever the chunk holds, so it is always applied with the select, which costs one select per
+element.
 
-Where the plan says so (Plan.late: rows of one long chunk, where the test's block-wide reduction between the
-loads and the scan cost most), the test comes after the chunk instead: plain combines and plain states (STATES
-off: no select at all), the outputs stored, then the states tested (:func:`late_pass`), and only where one is
-non-finite the chunk is read again and scanned contained, its outputs stored over the plain ones. A non-finite
-offset or carry leaves a non-finite state (0 * inf is NaN), so finite states are the contained scan's. An
-overflow of the plain partial sums (coefficients above 1 over long stretches) is not contained, as the products
-of coefficients never were.
+Where the plan says so (Plan.late), a single-pass or rescan program tests once, after its whole walk
+(:func:`late_rows`): plain combines and plain states (STATES off: no select at all) in every chunk, the outputs
+stored, then one test, and only where it fails the program's chunks are read again and scanned contained, their
+outputs stored over the plain ones. Plain arithmetic carries a non-finite offset or carry on to every later state
+(0 * inf is NaN, even behind a zero coefficient), so the last state of the walk is finite exactly when every state
+was, and finite states are the contained scan's. An overflow of the plain partial sums (coefficients above 1 over
+long stretches) is not contained, as the products of coefficients never were.
 """
 
 from __future__ import annotations
@@ -341,7 +342,7 @@ def scan_chunk(b_a, b_b, b_carry, BT: tl.constexpr, REVERSE: tl.constexpr, FORM:
     chunk's aggregate for multi-block scans. ZERO: the carry is known to be 0 (a block's first chunk
     without a seed), so it is not applied. CONTAIN: selects in the combines too, for a chunk with a
     non-finite offset (the module docstring); the carry is applied with a select unless STATES is off (states
-    then applied by plain arithmetic: only where the outputs are tested afterwards, :func:`late_pass`)."""
+    then applied by plain arithmetic: only where the outputs are tested afterwards, :func:`late_rows`)."""
     if FORM == GROUPS4 or FORM == GROUPS8:
         b_x, _xn, b_carry_new, b_Ac = _group_states(b_a, b_b, b_carry, ZERO, CONTAIN, STATES)
     elif FORM == ENV_GROUPS:
@@ -706,26 +707,63 @@ def block_states(b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, 
 
 
 @triton.jit
-def late_pass(b_zeros, b_carry, b_Ac, b_carry_in, ins, outs, hps, i_p, o_row, o_n, m_n, T, ST, K, BT: tl.constexpr,
+def _late_chunk(ins, outs, hps, i_p, o_row, o_n, m_n, b_carry, T, ST, K, BT: tl.constexpr, REVERSE: tl.constexpr,
+                 FORM: tl.constexpr, ACC: tl.constexpr, ZERO: tl.constexpr, NEXT: tl.constexpr, WHOLE: tl.constexpr,
+                 PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, CONTAIN: tl.constexpr):  # fmt: skip
+    """One chunk of a late program (:func:`late_rows`): prologue, scan and epilogue, by plain arithmetic throughout,
+    or contained (CONTAIN: the second pass). Returns (:func:`in_thread_zeros` of the states, new carry)."""
+    o_t, m, off, o_nb, m_nb = chunk(i_p, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
+    b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
+    b_x, b_xn, b_carry, _Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, CONTAIN, CONTAIN)
+    b_zeros = in_thread_zeros(b_x)  # before the epilogue, as the states are not needed after it
+    EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
+    return b_zeros, b_carry
+
+
+@triton.jit
+def late_rows(ins, outs, hps, o_row, o_n, m_n, b_carry, c_lo, c_hi, c_off, T, ST, K, BT: tl.constexpr,
               REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr, ZERO: tl.constexpr, NEXT: tl.constexpr,
-              WHOLE: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr):  # fmt: skip
-    """After a chunk's outputs from plain arithmetic are stored (Plan.late; single-pass and rescan programs), with
-    ``b_zeros`` the :func:`in_thread_zeros` of its states: where a state is not finite (an offset or the carry
-    was, as plain arithmetic carries a NaN or an infinity on, or a partial sum overflowed), the chunk again from
-    its inputs, read anew, with the contained combines and states, its outputs stored over the plain ones (after
-    the reduction's barrier). Finite states are the contained scan's. Tested after the stores, the block-wide
-    reduction does not stand between the loads and the scan, and nothing but the per-thread sums is held for the
-    second pass. Returns the chunk's (new carry, product of a)."""
-    z = tl.sum(tl.sum(b_zeros, 1), 0)  # b_zeros: [G, BN], [BN, G] or [BN, BT // 4]
-    if z != 0:  # NaN: a state was not finite
-        # the chunk's slots again, from rows the compiler cannot tell equal to the first pass's (z is NaN here, so
-        # the factor is 1): otherwise it keeps the first pass's per-slot addresses live for this one
-        o_row = o_row * (z != z).to(o_row.dtype)
-        o_t, m, off, o_nb, m_nb = chunk(i_p, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
-        b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
-        b_x, b_xn, b_carry, b_Ac = scan_states(b_a, b_b, b_carry_in, BT, REVERSE, FORM, ZERO, NEXT, True)
-        EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
-    return b_carry, b_Ac
+              WHOLE: tl.constexpr, ONE: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr):  # fmt: skip
+    """The program's chunks by plain arithmetic (Plan.late; single-pass and rescan programs), every output stored,
+    then one test: plain arithmetic carries a non-finite offset or entering state on to every later state (0 * inf
+    is NaN), so the row's last state is finite exactly when all were, and then they are the contained scan's. Where
+    it is not (or a partial sum overflowed), the chunks again from their inputs, read anew, with the contained
+    combines and states, their outputs stored over the plain ones (after the test's barrier). One test per
+    program, after the stores: no block-wide reduction between a chunk's loads and its scan."""
+    if ONE:  # the chunk's states tested (its carry, which nothing else reads, the compiler drops)
+        b_zeros, _c = _late_chunk(
+            ins, outs, hps, c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC, ZERO, NEXT, WHOLE,
+            PROLOGUE, EPILOGUE, False,
+        )  # fmt: skip
+        z = tl.sum(tl.sum(b_zeros, 1), 0)  # b_zeros: [G, BN], [BN, G] or [BN, BT // 4]
+        if z != 0:  # NaN: a state was not finite
+            # the slots again from rows the compiler cannot tell equal to the first pass's (z is NaN here, so the
+            # factor is 1): otherwise it keeps the first pass's per-slot addresses live for this one
+            o_row = o_row * (z != z).to(o_row.dtype)
+            _late_chunk(
+                ins, outs, hps, c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC, ZERO, NEXT,
+                WHOLE, PROLOGUE, EPILOGUE, True,
+            )  # fmt: skip
+    else:  # walked chunks: the walk again, contained, as a second pass of one loop (two loops held more registers)
+        b_carry_in = b_carry
+        p = 0
+        passes = 1
+        while p < passes:
+            b_carry = b_carry_in
+            for i_c in range(c_lo, c_hi):
+                if p > 0:
+                    _z, b_carry = _late_chunk(
+                        ins, outs, hps, i_c + c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC,
+                        ZERO, NEXT, WHOLE, PROLOGUE, EPILOGUE, True,
+                    )  # fmt: skip
+                else:
+                    _z, b_carry = _late_chunk(
+                        ins, outs, hps, i_c + c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC,
+                        ZERO, NEXT, WHOLE, PROLOGUE, EPILOGUE, False,
+                    )  # fmt: skip
+            # a second pass where the last state is not finite (after it, p == passes either way)
+            passes = 1 + non_finite(carry_row(b_carry, FORM)).to(tl.int32)
+            p += 1
 
 
 @triton.jit
@@ -882,8 +920,8 @@ def scan_rows(
     apply the map of the blocks before them; other rows start from 0, which no phase applies. AGGREGATE_TEST:
     look-back blocks test their chunk by its aggregate rather than its offsets (:func:`chunk_non_finite`); on
     time-major rows the only test (their other chunks, and look-back blocks without it, are contained). LATE
-    (Plan.late; env-major single-pass and rescan programs): plain arithmetic first, the test after the stores
-    (:func:`late_pass`)."""
+    (Plan.late; single-pass and rescan programs): plain arithmetic throughout, one test after the stores
+    (:func:`late_rows`)."""
     T = row_length(T, TDIV, EXACT_T, BT, PHASE)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, FULL)
     ST = time_stride(N, TM)
@@ -901,20 +939,15 @@ def scan_rows(
     # a block's first chunk that starts from the zero state does not apply it
     ZERO: tl.constexpr = ONE and (PHASE == AGGREGATES or (PHASE == SINGLE and not HAS_SEED))
     AGGREGATE: tl.constexpr = PHASE >= LOOKBACK and AGGREGATE_TEST  # the test this block takes
-    # the plain outputs stored, then tested (late_pass); else the test before the scan, or none (time-major)
-    PLAIN_FIRST: tl.constexpr = LATE and TM == 0 and (PHASE == SINGLE or PHASE == RESCAN)
-    for i_c in range(c_lo, c_hi):
-        o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
-        b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
-        if PLAIN_FIRST:  # plain arithmetic throughout, the contained pass where its states are not all finite
-            b_x, b_xn, b_out, b_Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, False, False)
-            b_zeros = in_thread_zeros(b_x)
-            EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
-            b_carry, b_Ac = late_pass(
-                b_zeros, b_out, b_Ac, b_carry, ins, outs, hps, i_c + c_off, o_row, o_n, m_n, T, ST, K, BT, REVERSE,
-                FORM, ACC, ZERO, NEXT, WHOLE, PROLOGUE, EPILOGUE,
-            )  # fmt: skip
-        else:
+    if LATE and (PHASE == SINGLE or PHASE == RESCAN):  # plain throughout, one test after the stores
+        late_rows(
+            ins, outs, hps, o_row, o_n, m_n, b_carry, c_lo, c_hi, c_off, T, ST, K, BT, REVERSE, FORM, ACC, ZERO,
+            NEXT, WHOLE, ONE, PROLOGUE, EPILOGUE,
+        )  # fmt: skip
+    else:
+        for i_c in range(c_lo, c_hi):
+            o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
+            b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
             # selects in the combines only for a chunk with a non-finite offset (the module docstring);
             # time-major programs walk many short chunks, where the test's second path cost more than the selects
             # it saves (but for look-back blocks that test their aggregate, which the look-back computes anyway)
@@ -934,9 +967,9 @@ def scan_rows(
                 )  # fmt: skip
             if PHASE != AGGREGATES:
                 EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
-        b_Ablk *= b_Ac
-    b_carry = carry_row(b_carry, FORM)
-    block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
+            b_Ablk *= b_Ac
+        b_carry = carry_row(b_carry, FORM)
+        block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
 
 
 @triton.jit

@@ -189,8 +189,8 @@ def check_plan(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype, time_m
         bad("whole needs rows of whole chunks")
     if plan.shift and not (plan.exact_t and plan.form is Form.ENV_GROUPS):
         bad("shift needs exact env-major rows")
-    if plan.late and (time_major or plan.split is Split.LOOKBACK):
-        bad("late needs env-major rows in a single pass or two passes (look-back blocks publish their aggregate)")
+    if plan.late and plan.split is Split.LOOKBACK:
+        bad("late needs a single pass or two passes (look-back blocks publish their aggregate)")
     if plan.split is Split.LOOKBACK and plan.bn != 1 and not time_major:
         bad("the look-back takes one env per program on env-major rows")
     if plan.row_div > 1 and t % plan.row_div:

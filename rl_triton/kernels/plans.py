@@ -72,7 +72,7 @@ class Plan:
     pieces: bool = False  # Retrace: one action tile per binary digit of A instead of one padded tile
     shift: bool = False  # Retrace, exact env-major rows: c_{t+1} and q_{t+1} shifted in registers
     pi_tile: bool = False  # Retrace, exact env-major rows: pi(a_t | s_t) picked out of the weights tile
-    late: bool = False  # env-major single pass or rescan: test each chunk after storing its plain outputs
+    late: bool = False  # single pass or rescan: the plain walk's outputs stored, then one test (core.late_rows)
 
 
 # The kinds of launch plans: one per kernel measured here. Each op names the kind whose plans its calls take

@@ -126,7 +126,7 @@ def gae_kernel(
     TDIV: tl.constexpr = 1,  # T is a multiple of TDIV (core.row_length; plans.row_div)
     TM: tl.constexpr = 0,  # time-major rows (core.time_stride; Plan.env_div)
     WHOLE: tl.constexpr = False,  # T a multiple of BT, rows of whole chunks (core.chunk; Plan.whole)
-    LATE: tl.constexpr = False,  # test each chunk after storing its plain outputs (core.late_pass; Plan.late)
+    LATE: tl.constexpr = False,  # plain walk, outputs stored, then one test (core.late_rows; Plan.late)
     G_TENSOR: tl.constexpr = False,  # gamma is the tensor at p_gamma (discount), not the float gamma_hi + gamma_lo
     L_TENSOR: tl.constexpr = False,  # lambda likewise
 ):  # fmt: skip
