@@ -4,8 +4,9 @@ It takes the plan :func:`rl_triton.kernels.plans.choose` picks for one benchmark
 for each variant either times the call on the GPU (``triton.testing.do_bench`` median of a CUDA-graph replay, L2
 flushed, next to a device-to-device copy of the same bytes timed in the same run) after checking its outputs
 against the chosen plan's, or (``--offline``, no GPU needed) compiles its launches for sm_90 with the ptxas that
-ships with Triton and reports registers, spills, programs per SM and SASS instructions. A decision the results
-support becomes an entry of ``kernels/plans.py`` and one line of ``docs/performance.md``.
+ships with Triton and reports registers, spills, programs per SM, SASS instructions and the load trips of each
+innermost loop (:func:`load_trips`: how often a thread waits on memory per pass). A decision the results support
+becomes an entry of ``kernels/plans.py`` and one line of ``docs/performance.md``.
 
 Usage::
 
@@ -154,6 +155,56 @@ def opcode_counts(sass: str) -> collections.Counter:
     return ops
 
 
+_SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_REGISTER = re.compile(r"(?<![A-Za-z_])R(\d+)(\.64)?")
+
+
+def _registers(operand: str, width: int = 1) -> set[int]:
+    """The general registers an operand names: R4 one, R4.64 two, a load's destination ``width``."""
+    out = set()
+    for n, wide in _REGISTER.findall(operand):
+        out.update(range(int(n), int(n) + max(width, 2 if wide else 1)))
+    return out
+
+
+def load_trips(sass: str) -> list[list[int]]:
+    """Per innermost loop of ``sass`` (a backward branch; the whole kernel where there is none): the global loads
+    it issues, grouped into the trips to memory they wait on. A trip ends at the first instruction that reads a
+    register a load of it writes, so 8 loads in one trip wait once for memory and [4, 2, 2] wait three times, one
+    after the other. Instructions are taken in listing order: both sides of a branch inside the loop are counted."""
+    ins = [(int(a, 16), op, rest) for a, op, rest in _SASS_LINE.findall(sass)]
+    loops = []
+    for at, op, rest in ins:
+        target = re.match(r"(0x[0-9a-f]+)", rest.strip())
+        if op == "BRA" and target and int(target.group(1), 16) < at:
+            loops.append((int(target.group(1), 16), at))
+    loops = [(lo, hi) for lo, hi in loops if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)]
+    if not loops and ins:
+        loops = [(ins[0][0], ins[-1][0])]
+    out = []
+    for lo, hi in loops:
+        trips, in_flight, count = [], set(), 0
+        for at, op, rest in ins:
+            if not lo <= at <= hi:
+                continue
+            operands = [o.strip() for o in rest.split(",")]
+            width = 4 if ".128" in op else 2 if ".64" in op else 1
+            if op.startswith("ST"):  # a store reads its address and its data (``width`` registers)
+                read = _registers(operands[0]) | _registers(operands[-1], width)
+            else:  # other instructions write their first operand
+                read = set().union(*map(_registers, operands[1:]))
+            if in_flight & read:
+                trips.append(count)
+                in_flight, count = set(), 0
+            if op.startswith("LDG"):
+                in_flight |= _registers(operands[0], width)
+                count += 1
+        if count:
+            trips.append(count)
+        out.append(trips)
+    return out
+
+
 def programs_per_sm(registers: int, warps: int, shared: int) -> int:
     threads = 32 * warps
     by_regs = SM_REGISTERS // (max(8, -(-registers // 8) * 8) * threads)
@@ -183,6 +234,7 @@ def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> li
             "programs_per_sm": programs_per_sm(usage.get("REG", 0), warps, usage.get("SHARED", 0)),
             "sass_instructions": instructions,
             "instructions_per_element": round(instructions * 32 * warps / elements, 1),
+            "load_trips": load_trips(sass),
             "top_opcodes": dict(ops.most_common(12)),
         })  # fmt: skip
         if dump:
@@ -276,14 +328,16 @@ def _summary(row: dict) -> str:
     p = row["plan"]
     head = f"{'*' if row['chosen'] else ' '} bn={p['bn']} bt={p['bt']} warps={p['warps']} {p['form']} {p['split']}"
     split_field = {"LOOKBACK": "window", "TWO_PASS": "chunks_per_block"}.get(p["split"])  # the split's own knob
-    shown = ((split_field,) if split_field else ()) + ("maxnreg", "exact_t", "whole", "shift", "pi_tile")
+    shown = ((split_field,) if split_field else ()) + ("maxnreg", "exact_t", "whole", "shift", "pi_tile", "late")
     head += "".join(f" {k}={p[k]}" for k in shown if p[k])
     if "skipped" in row:
         return f"{head}: skipped ({row['skipped']})"
     if "launches" in row:
         return head + "".join(
             f"\n    {r['kernel']} grid {r['grid']}: {r['registers']} regs, {r['stack_bytes']} stack, "
-            f"{r['programs_per_sm']}/SM, {r['sass_instructions']} SASS" for r in row["launches"]
+            f"{r['programs_per_sm']}/SM, {r['sass_instructions']} SASS, load trips "
+            + "; ".join("+".join(map(str, t)) or "-" for t in r["load_trips"])
+            for r in row["launches"]
         )  # fmt: skip
     return f"{head}: {row['kernel_us']} us, {row['fraction_of_copy']} of copy, rel diff {row['rel_diff']:.1e}"
 

@@ -112,9 +112,32 @@ def test_tune_compiles_plans_for_sm90(monkeypatch):
     assert launch["programs_per_sm"] == 65536 // (-(-launch["registers"] // 8) * 8 * 128)
     assert launch["sass_instructions"] > 100 and sum(launch["top_opcodes"].values()) <= launch["sass_instructions"]
     assert "env-major groups" in bad["skipped"]
+    assert all(trips and all(n > 0 for n in trips) for trips in launch["load_trips"])
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"), tune.recorded_launches():
         pass
+
+
+def _sass(*lines: str) -> str:
+    return "".join(f"        /*{16 * i:04x}*/                   {line} ;  /* 0x0 */\n" for i, line in enumerate(lines))
+
+
+def test_load_trips_count_the_waits_on_memory():
+    """A trip ends where an instruction reads what a load in flight writes (a 128-bit load writes four registers,
+    a 64-bit address names two; UR registers are not R registers); loops are the innermost backward branches."""
+    one = _sass(
+        "LDG.E.128 R4, desc[UR4][R2.64]", "LDG.E R8, desc[UR4][R2.64+0x800]", "IADD3 R10, R11, UR8, RZ",
+        "FADD R12, R7, R8", "STG.E desc[UR4][R2.64], R12",
+    )  # fmt: skip
+    assert tune.load_trips(one) == [[2]]
+    serial = _sass(
+        "MOV R1, RZ", "LDG.E.128 R4, desc[UR4][R2.64]", "FFMA R9, R5, UR6, R1", "LDG.E.128 R4, desc[UR4][R12.64]",
+        "LDG.E R8, desc[UR4][R14.64]", "@P0 STG.E.64 desc[UR4][R16.64], R6", "FADD R9, R9, R8",
+        "LDG.E R20, desc[UR4][R14.64+0x4]", "ISETP.GE.AND P1, PT, R20, R9, PT", "@P1 BRA 0x10", "EXIT",
+    )  # fmt: skip
+    assert tune.load_trips(serial) == [[1, 2, 1]]  # the loop from 0x10; the store reads R7 of the 128-bit load
+    nested = _sass("LDG.E R4, desc[UR4][R2.64]", "FADD R5, R4, R4", "BRA 0x0", "LDG.E R6, desc[UR4][R2.64]", "BRA 0x0")
+    assert tune.load_trips(nested) == [[1]]
 
 
 _TM_COMPILES = [  # every kernel, every time-major form, both splits: each a compile of its own (about 2 s)
