@@ -146,16 +146,13 @@ def sass_and_resources(cubin: bytes) -> tuple[str, dict]:
     return sass, {k: int(v) for k, v in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", res)}
 
 
-def opcode_counts(sass: str) -> collections.Counter:
-    ops = collections.Counter()
-    for line in sass.splitlines():
-        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
-        if m:
-            ops[m.group(1)] += 1
-    return ops
-
-
 _SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+
+
+def opcode_counts(sass: str) -> collections.Counter:
+    return collections.Counter(op.split(".")[0] for _at, op, _rest in _SASS_LINE.findall(sass))
+
+
 _REGISTER = re.compile(r"(?<![A-Za-z_])R(\d+)(\.64)?")
 
 
