@@ -4,9 +4,9 @@ It takes the plan :func:`rl_triton.kernels.plans.choose` picks for one benchmark
 for each variant either times the call on the GPU (``triton.testing.do_bench`` median of a CUDA-graph replay, L2
 flushed, next to a device-to-device copy of the same bytes timed in the same run) after checking its outputs
 against the chosen plan's, or (``--offline``, no GPU needed) compiles its launches for sm_90 with the ptxas that
-ships with Triton and reports registers, spills, programs per SM, SASS instructions and the load trips of each
-innermost loop (:func:`load_trips`: how often a thread waits on memory per pass). A decision the results support
-becomes an entry of ``kernels/plans.py`` and one line of ``docs/performance.md``.
+ships with Triton and reports registers, spills, programs per SM, SASS instructions, the load trips of each
+innermost loop (:func:`load_trips`: how often a thread waits on memory per pass) and the block-wide barriers. A
+decision the results support becomes an entry of ``kernels/plans.py`` and one line of ``docs/performance.md``.
 
 Usage::
 
@@ -232,6 +232,7 @@ def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> li
             "sass_instructions": instructions,
             "instructions_per_element": round(instructions * 32 * warps / elements, 1),
             "load_trips": load_trips(sass),
+            "barriers": ops["BAR"],  # in the listing: both sides of a branch count
             "top_opcodes": dict(ops.most_common(12)),
         })  # fmt: skip
         if dump:
@@ -334,6 +335,7 @@ def _summary(row: dict) -> str:
             f"\n    {r['kernel']} grid {r['grid']}: {r['registers']} regs, {r['stack_bytes']} stack, "
             f"{r['programs_per_sm']}/SM, {r['sass_instructions']} SASS, load trips "
             + "; ".join("+".join(map(str, t)) or "-" for t in r["load_trips"])
+            + f", {r['barriers']} barriers"
             for r in row["launches"]
         )  # fmt: skip
     return f"{head}: {row['kernel_us']} us, {row['fraction_of_copy']} of copy, rel diff {row['rel_diff']:.1e}"
