@@ -26,10 +26,11 @@ element.
 Where the plan says so (Plan.late), a single-pass or rescan program tests once, after its whole walk
 (:func:`late_rows`): plain combines and plain states (STATES off: no select at all) in every chunk, the outputs
 stored, then one test, and only where it fails the program's chunks are read again and scanned contained, their
-outputs stored over the plain ones. Plain arithmetic carries a non-finite offset or carry on to every later state
-(0 * inf is NaN, even behind a zero coefficient), so the last state of the walk is finite exactly when every state
-was, and finite states are the contained scan's. An overflow of the plain partial sums (coefficients above 1 over
-long stretches) is not contained, as the products of coefficients never were.
+outputs stored over the plain ones. That second pass is a function compiled apart (:func:`_contained_rows`), so
+the first pass keeps the registers and load schedule of a plain scan. Plain arithmetic carries a non-finite offset
+or carry on to every later state (0 * inf is NaN, even behind a zero coefficient), so the last state of the walk is
+finite exactly when every state was, and finite states are the contained scan's. An overflow of the plain partial
+sums (coefficients above 1 over long stretches) is not contained, as the products of coefficients never were.
 """
 
 from __future__ import annotations
@@ -709,12 +710,12 @@ def block_states(b_a, b_b, b_carry, p_agg_a, p_agg_b, p_flag, o_n, i_k, e_k, N, 
 @triton.jit
 def _late_chunk(ins, outs, hps, i_p, o_row, o_n, m_n, b_carry, T, ST, K, BT: tl.constexpr, REVERSE: tl.constexpr,
                  FORM: tl.constexpr, ACC: tl.constexpr, ZERO: tl.constexpr, NEXT: tl.constexpr, WHOLE: tl.constexpr,
-                 PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, CONTAIN: tl.constexpr):  # fmt: skip
-    """One chunk of a late program (:func:`late_rows`): prologue, scan and epilogue, by plain arithmetic throughout,
-    or contained (CONTAIN: the second pass). Returns (:func:`in_thread_zeros` of the states, new carry)."""
+                 PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr):  # fmt: skip
+    """One chunk of a late program's first pass (:func:`late_rows`): prologue, scan and epilogue, by plain arithmetic
+    throughout. Returns (:func:`in_thread_zeros` of the states, new carry)."""
     o_t, m, off, o_nb, m_nb = chunk(i_p, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
     b_a, b_b, ctx = PROLOGUE(ins, hps, off, o_t, m, o_nb, m_nb, T, ST, K, ACC)
-    b_x, b_xn, b_carry, _Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, CONTAIN, CONTAIN)
+    b_x, b_xn, b_carry, _Ac = scan_states(b_a, b_b, b_carry, BT, REVERSE, FORM, ZERO, NEXT, False, False)
     b_zeros = in_thread_zeros(b_x)  # before the epilogue, as the states are not needed after it
     EPILOGUE(outs, ins, hps, ctx, b_x, b_xn, off, m, ST, K, ACC)
     return b_zeros, b_carry
@@ -725,45 +726,25 @@ def late_rows(ins, outs, hps, o_row, o_n, m_n, b_carry, c_lo, c_hi, c_off, T, ST
               REVERSE: tl.constexpr, FORM: tl.constexpr, ACC: tl.constexpr, ZERO: tl.constexpr, NEXT: tl.constexpr,
               WHOLE: tl.constexpr, ONE: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr):  # fmt: skip
     """The program's chunks by plain arithmetic (Plan.late; single-pass and rescan programs), every output stored,
-    then one test: plain arithmetic carries a non-finite offset or entering state on to every later state (0 * inf
-    is NaN), so the row's last state is finite exactly when all were, and then they are the contained scan's. Where
-    it is not (or a partial sum overflowed), the chunks again from their inputs, read anew, with the contained
-    combines and states, their outputs stored over the plain ones (after the test's barrier). One test per
-    program, after the stores: no block-wide reduction between a chunk's loads and its scan."""
+    then one test, returned: plain arithmetic carries a non-finite offset or entering state on to every later state
+    (0 * inf is NaN), so the row's last state is finite exactly when all were, and then they are the contained
+    scan's. Where it is not (or a partial sum overflowed), :func:`scan_rows` walks the program again, contained
+    (:func:`_contained_rows`). One test per program, after the stores: no block-wide reduction between a chunk's
+    loads and its scan."""
     if ONE:  # the chunk's states tested (its carry, which nothing else reads, the compiler drops)
         b_zeros, _c = _late_chunk(
             ins, outs, hps, c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC, ZERO, NEXT, WHOLE,
-            PROLOGUE, EPILOGUE, False,
+            PROLOGUE, EPILOGUE,
         )  # fmt: skip
-        z = tl.sum(tl.sum(b_zeros, 1), 0)  # b_zeros: [G, BN], [BN, G] or [BN, BT // 4]
-        if z != 0:  # NaN: a state was not finite
-            # the slots again from rows the compiler cannot tell equal to the first pass's (z is NaN here, so the
-            # factor is 1): otherwise it keeps the first pass's per-slot addresses live for this one
-            o_row = o_row * (z != z).to(o_row.dtype)
-            _late_chunk(
-                ins, outs, hps, c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC, ZERO, NEXT,
-                WHOLE, PROLOGUE, EPILOGUE, True,
+        bad = tl.sum(tl.sum(b_zeros, 1), 0) != 0  # b_zeros: [G, BN], [BN, G] or [BN, BT // 4]; NaN where not finite
+    else:
+        for i_c in range(c_lo, c_hi):
+            _z, b_carry = _late_chunk(
+                ins, outs, hps, i_c + c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC, ZERO, NEXT,
+                WHOLE, PROLOGUE, EPILOGUE,
             )  # fmt: skip
-    else:  # walked chunks: the walk again, contained, as a second pass of one loop (two loops held more registers)
-        b_carry_in = b_carry
-        p = 0
-        passes = 1
-        while p < passes:
-            b_carry = b_carry_in
-            for i_c in range(c_lo, c_hi):
-                if p > 0:
-                    _z, b_carry = _late_chunk(
-                        ins, outs, hps, i_c + c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC,
-                        ZERO, NEXT, WHOLE, PROLOGUE, EPILOGUE, True,
-                    )  # fmt: skip
-                else:
-                    _z, b_carry = _late_chunk(
-                        ins, outs, hps, i_c + c_off, o_row, o_n, m_n, b_carry, T, ST, K, BT, REVERSE, FORM, ACC,
-                        ZERO, NEXT, WHOLE, PROLOGUE, EPILOGUE, False,
-                    )  # fmt: skip
-            # a second pass where the last state is not finite (after it, p == passes either way)
-            passes = 1 + non_finite(carry_row(b_carry, FORM)).to(tl.int32)
-            p += 1
+        bad = non_finite(carry_row(b_carry, FORM))
+    return bad
 
 
 @triton.jit
@@ -900,7 +881,7 @@ def scan_rows(
     WHOLE: tl.constexpr,  # the plan's constexprs (launch._build)
     REVERSE: tl.constexpr = True, NEXT: tl.constexpr = False, FULL: tl.constexpr = False,
     p_seed=None, HAS_SEED: tl.constexpr = False, SEEDED: tl.constexpr = False, AGGREGATE_TEST: tl.constexpr = False,
-    LATE: tl.constexpr = False,
+    LATE: tl.constexpr = False, CONTAINED: tl.constexpr = False,
 ):  # fmt: skip
     """The one driver loop of the fused kernels: this program's envs and time block, the carry, and per chunk
     (in processing order) its slots, the algorithm's prologue, the state entering the block (look-back), the
@@ -940,10 +921,15 @@ def scan_rows(
     ZERO: tl.constexpr = ONE and (PHASE == AGGREGATES or (PHASE == SINGLE and not HAS_SEED))
     AGGREGATE: tl.constexpr = PHASE >= LOOKBACK and AGGREGATE_TEST  # the test this block takes
     if LATE and (PHASE == SINGLE or PHASE == RESCAN):  # plain throughout, one test after the stores
-        late_rows(
+        bad = late_rows(
             ins, outs, hps, o_row, o_n, m_n, b_carry, c_lo, c_hi, c_off, T, ST, K, BT, REVERSE, FORM, ACC, ZERO,
             NEXT, WHOLE, ONE, PROLOGUE, EPILOGUE,
         )  # fmt: skip
+        if bad:
+            _contained_rows(
+                ins, outs, hp, N, T, p_agg_a, p_agg_b, p_flag, NK, CPB, SCALARS, PROLOGUE, EPILOGUE, K, PHASE, ONE,
+                ACC, BN, BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE, NEXT, FULL, p_seed, HAS_SEED, SEEDED,
+            )  # fmt: skip
     else:
         for i_c in range(c_lo, c_hi):
             o_t, m, off, o_nb, m_nb = chunk(i_c + c_off, T, o_row, o_n, m_n, BT, REVERSE, FORM, ST, WHOLE)
@@ -951,7 +937,7 @@ def scan_rows(
             # selects in the combines only for a chunk with a non-finite offset (the module docstring);
             # time-major programs walk many short chunks, where the test's second path cost more than the selects
             # it saves (but for look-back blocks that test their aggregate, which the look-back computes anyway)
-            if TM > 0 and not AGGREGATE:
+            if CONTAINED or (TM > 0 and not AGGREGATE):
                 contain = True  # a constant: the branch below is taken at compile time
             else:
                 contain = chunk_non_finite(b_a, b_b, o_n, BT, REVERSE, FORM, ACC, AGGREGATE)
@@ -970,6 +956,23 @@ def scan_rows(
             b_Ablk *= b_Ac
         b_carry = carry_row(b_carry, FORM)
         block_end(p_agg_a, p_agg_b, o_n, m_n, i_k, NK, b_Ablk, b_carry, PHASE)
+
+
+@triton.jit(noinline=True)
+def _contained_rows(ins, outs, hp, N, T, p_agg_a, p_agg_b, p_flag, NK, CPB, SCALARS: tl.constexpr,
+                    PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, K: tl.constexpr, PHASE: tl.constexpr,
+                    ONE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, NKP: tl.constexpr,
+                    FORM: tl.constexpr, EXACT_T: tl.constexpr, TDIV: tl.constexpr, TM: tl.constexpr,
+                    WHOLE: tl.constexpr, REVERSE: tl.constexpr, NEXT: tl.constexpr, FULL: tl.constexpr, p_seed,
+                    HAS_SEED: tl.constexpr, SEEDED: tl.constexpr):  # fmt: skip
+    """The second pass of a late program (:func:`late_rows`): the program's walk again from its inputs, every chunk
+    contained, its outputs stored over the plain ones. A function of its own (scalar arguments, not inlined), so
+    that the first pass keeps its own registers and load schedule: compiled inline, the contained scan next to the
+    plain walk made ptxas split the walk's loads into several trips to memory (docs/performance.md)."""
+    scan_rows(
+        ins, outs, hp, N, T, p_agg_a, p_agg_b, p_flag, NK, CPB, SCALARS, PROLOGUE, EPILOGUE, K, PHASE, ONE, ACC, BN,
+        BT, NKP, FORM, EXACT_T, TDIV, TM, WHOLE, REVERSE, NEXT, FULL, p_seed, HAS_SEED, SEEDED, CONTAINED=True,
+    )  # fmt: skip
 
 
 @triton.jit
