@@ -902,7 +902,8 @@ def scan_rows(
     look-back blocks test their chunk by its aggregate rather than its offsets (:func:`chunk_non_finite`); on
     time-major rows the only test (their other chunks, and look-back blocks without it, are contained). LATE
     (Plan.late; single-pass and rescan programs): plain arithmetic throughout, one test after the stores
-    (:func:`late_rows`)."""
+    (:func:`late_rows`). CONTAINED: every chunk contained, no test (the late test's second pass,
+    :func:`_contained_rows`)."""
     T = row_length(T, TDIV, EXACT_T, BT, PHASE)
     o_n, m_n, o_row, i_k, e_k = env_block(p_flag, N, T, NK, BN, PHASE, TM, FULL)
     ST = time_stride(N, TM)
