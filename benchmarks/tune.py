@@ -164,6 +164,19 @@ def _registers(operand: str, width: int = 1) -> set[int]:
     return out
 
 
+def split_functions(sass: str) -> tuple[str, list[str]]:
+    """``sass`` as the kernel's own code and the code of each function it calls (a ``CALL.REL`` target up to the
+    next one), each a listing of its own: a function Triton does not inline (the late test's second pass,
+    ``core._contained_rows``) is listed after the kernel's last instruction, and its loads and barriers run only
+    where it is called, so they are reported apart."""
+    lines = _SASS_LINE.finditer(sass)
+    starts = sorted({int(t, 16) for t in re.findall(r"CALL\.REL[.A-Z]*\s+(0x[0-9a-f]+)", sass)})
+    parts = [[] for _ in range(len(starts) + 1)]
+    for m in lines:
+        parts[sum(int(m.group(1), 16) >= s for s in starts)].append(m.group(0))
+    return "\n".join(parts[0]), ["\n".join(p) for p in parts[1:]]
+
+
 def load_trips(sass: str) -> list[list[int]]:
     """Per innermost loop of ``sass`` (a backward branch; the whole kernel where there is none): the global loads
     it issues, grouped into the trips to memory they wait on. A trip ends at the first instruction that reads a
@@ -223,6 +236,7 @@ def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> li
         sass, usage = sass_and_resources(ck.asm["cubin"])
         ops = opcode_counts(sass)
         instructions = sum(ops.values())
+        own, apart = split_functions(sass)
         elements = options.get("BN", 1) * options.get("BT", 1)
         shown = {k: v if isinstance(v, (int, bool, type(None))) else str(v) for k, v in options.items() if k in _SHOWN}
         rows.append({
@@ -231,8 +245,10 @@ def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> li
             "programs_per_sm": programs_per_sm(usage.get("REG", 0), warps, usage.get("SHARED", 0)),
             "sass_instructions": instructions,
             "instructions_per_element": round(instructions * 32 * warps / elements, 1),
-            "load_trips": load_trips(sass),
-            "barriers": ops["BAR"],  # in the listing: both sides of a branch count
+            "load_trips": load_trips(own),
+            "barriers": opcode_counts(own)["BAR"],  # in the listing: both sides of a branch count
+            # the functions it calls (not inlined): their loads and barriers, each function's innermost loops
+            "apart": [{"load_trips": load_trips(f), "barriers": opcode_counts(f)["BAR"]} for f in apart],
             "top_opcodes": dict(ops.most_common(12)),
         })  # fmt: skip
         if dump:
@@ -336,6 +352,11 @@ def _summary(row: dict) -> str:
             f"{r['programs_per_sm']}/SM, {r['sass_instructions']} SASS, load trips "
             + "; ".join("+".join(map(str, t)) or "-" for t in r["load_trips"])
             + f", {r['barriers']} barriers"
+            + "".join(
+                "; apart: load trips " + "; ".join("+".join(map(str, t)) or "-" for t in f["load_trips"])
+                + f", {f['barriers']} barriers"
+                for f in r.get("apart", ())
+            )
             for r in row["launches"]
         )  # fmt: skip
     return f"{head}: {row['kernel_us']} us, {row['fraction_of_copy']} of copy, rel diff {row['rel_diff']:.1e}"

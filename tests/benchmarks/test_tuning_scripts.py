@@ -141,6 +141,24 @@ def test_load_trips_count_the_waits_on_memory():
     assert tune.load_trips(nested) == [[1]]
 
 
+def test_functions_called_are_reported_apart():
+    """A function Triton does not inline is listed after the kernel's code: its loads and barriers are the called
+    function's (each CALL.REL target starts one), not the kernel's."""
+    sass = _sass(
+        "LDG.E R4, desc[UR4][R2.64]", "LDG.E R5, desc[UR4][R2.64+0x4]", "FADD R6, R4, R5",
+        "BAR.SYNC.DEFER_BLOCKING 0x0", "@!P0 EXIT", "CALL.REL.NOINC 0x70", "EXIT", "LDG.E R8, desc[UR4][R2.64]",
+        "FADD R9, R8, R8",
+        "LDG.E R10, desc[UR4][R2.64]", "BAR.SYNC.DEFER_BLOCKING 0x0", "BAR.SYNC.DEFER_BLOCKING 0x0",
+        "RET.REL.NODEC R4 0x0",
+    )  # fmt: skip
+    own, (apart,) = tune.split_functions(sass)
+    assert tune.load_trips(own) == [[2]] and tune.opcode_counts(own)["BAR"] == 1
+    assert tune.load_trips(apart) == [[1, 1]] and tune.opcode_counts(apart)["BAR"] == 2
+    alone = _sass("LDG.E R4, desc[UR4][R2.64]", "FADD R5, R4, R4", "EXIT")
+    own, apart = tune.split_functions(alone)
+    assert apart == [] and tune.load_trips(own) == tune.load_trips(alone) == [[1]]
+
+
 _TM_COMPILES = [  # every kernel, every time-major form, both splits: each a compile of its own (about 2 s)
     ("gae", 4096, 24), ("vtrace", 4096, 8), ("lambda", 4096, 24), ("returns", 4096, 2048), ("gae", 64, 2048),
     ("prefix", 64, 2048), ("retrace", 4096, 24), ("retrace", 64, 2048),
