@@ -126,8 +126,6 @@ _WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
 _SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}, "returns": {(4096, 8): 64}, "vtrace": {(2048, 8): 80}}
 _SINGLE_CAPS_16BIT = {"vtrace": {(512, 2): 72, (4096, 16): 64}, "returns_nv": {(4096, 8): 64}}
 _RETRACE_SINGLE_CAP = 64
-# Register caps of single-pass float32 programs that walk several chunks: kind -> {(bt, warps): cap}.
-_WALKED_CAPS = {"gae": {(1024, 4): 56}}
 # Single-pass programs of one env that store their plain outputs first and test them once after (Plan.late), by
 # kind: {(bt, warps, element size): register cap}, for rows of one chunk (_LATE) and rows walked in several
 # (_LATE_WALKED). The contained second pass is compiled apart (core._contained_rows); a cap keeps the first pass's
@@ -378,17 +376,13 @@ def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
 
 
 def _late(kind: str, plan: Plan, t: int, dtype: torch.dtype | None) -> Plan:
-    """Single-pass plans of float32 or 2-byte floats: Plan.late and its cap where _LATE (rows of one chunk) or
-    _LATE_WALKED (walked rows) lists them, else walked rows with the cap of _WALKED_CAPS (float32)."""
-    if plan.split is not Split.SINGLE or dtype is None or not (_is_f32(dtype) or dtype.itemsize == 2):
+    """Single-pass plans of one env in float32 or 2-byte floats: Plan.late and its cap where _LATE (rows of one
+    chunk) or _LATE_WALKED (walked rows) lists them."""
+    if plan.split is not Split.SINGLE or plan.bn != 1 or dtype is None or not (_is_f32(dtype) or dtype.itemsize == 2):
         return plan
-    walked = _chunks(plan, t) > 1
-    late = (_LATE_WALKED if walked else _LATE).get(kind, {})
+    late = (_LATE_WALKED if _chunks(plan, t) > 1 else _LATE).get(kind, {})
     key = (plan.bt, plan.warps, dtype.itemsize)
-    if plan.bn == 1 and key in late:
-        return replace(plan, late=True, maxnreg=late[key])
-    cap = _WALKED_CAPS.get(kind, {}).get((plan.bt, plan.warps)) if walked and _is_f32(dtype) else None
-    return plan if cap is None else replace(plan, maxnreg=cap)
+    return replace(plan, late=True, maxnreg=late[key]) if key in late else plan
 
 
 def _retrace(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Plan:
