@@ -296,7 +296,7 @@ def test_tile_policy(kind, dtype, bn, warps, maxnreg):
 
 # Which single-pass launches store their plain outputs first and test them after (Plan.late), with their caps:
 # programs of one env, of one chunk or walked, where plans._LATE or plans._LATE_WALKED lists their chunk, warps and
-# element size; GAE's float32 rows walked in 1024-step chunks take their cap of 56 registers either way.
+# element size; GAE tests before the scan, its float32 rows walked in 1024-step chunks with a cap of 56 registers.
 _LATE_POLICY = [
     ("returns", 8192, 4096, F32, True, 64),
     ("returns", 2048, 3000, torch.bfloat16, True, 64),
@@ -307,12 +307,15 @@ _LATE_POLICY = [
     ("returns_nv", 8192, 4096, torch.bfloat16, True, 64),
     ("returns_nv", 8192, 4096, F32, True, 64),
     ("forward", 8192, 4096, torch.float16, True, None),
-    ("forward", 4096, 2048, F32, True, 56),
-    ("gae", 8192, 4096, F32, True, 56),
-    ("gae", 1024, 8192, F32, True, 56),
-    ("gae", 8192, 4096, torch.bfloat16, True, None),
+    ("forward", 4096, 2048, F32, False, None),
+    ("forward", 4096, 2048, torch.bfloat16, True, None),
+    ("gae", 8192, 4096, F32, False, 56),
+    ("gae", 1024, 8192, F32, False, 56),
+    ("gae", 8192, 4096, torch.bfloat16, False, None),
     ("vtrace", 8192, 4096, F32, True, None),
-    ("vtrace", 4096, 2048, torch.bfloat16, True, 80),
+    ("vtrace", 4096, 2048, torch.bfloat16, False, 80),
+    ("vtrace", 4096, 2048, F32, True, 80),
+    ("vtrace", 16384, 512, torch.bfloat16, False, 72),
     ("returns", 64, 262144, F32, False, 64),  # the look-back: never late
 ]
 

@@ -126,23 +126,26 @@ _WHOLE = {"returns": (4, 2), "returns_nv": (4, 2), "retrace": (2,)}
 _SINGLE_CAPS = {"gae": {(512, 4): 48, (1024, 4): 48}, "returns": {(4096, 8): 64}, "vtrace": {(2048, 8): 80}}
 _SINGLE_CAPS_16BIT = {"vtrace": {(512, 2): 72, (4096, 16): 64}, "returns_nv": {(4096, 8): 64}}
 _RETRACE_SINGLE_CAP = 64
+# Register caps of single-pass float32 programs that walk several chunks and test each before its scan (GAE, which
+# the late test made slower): kind -> {(bt, warps): cap}.
+_WALKED_CAPS = {"gae": {(1024, 4): 56}}
 # Single-pass programs of one env that store their plain outputs first and test them once after (Plan.late), by
 # kind: {(bt, warps, element size): register cap}, for rows of one chunk (_LATE) and rows walked in several
 # (_LATE_WALKED). The contained second pass is compiled apart (core._contained_rows); a cap keeps the first pass's
-# occupancy where the second would raise the kernel's registers (the second spills instead).
+# occupancy where the second would raise the kernel's registers (the second spills instead). Entries whose rows
+# timed slower than the test before the scan are left out (GAE, V-trace's 2-byte 512- and 2048-step rows,
+# TD(lambda)'s 2-byte 512-step rows, the forward scans' float32 2048-step rows: docs/performance.md).
 _LATE = {
     "returns": {(4096, 8, 4): 64, (4096, 8, 2): 64, (2048, 4, 4): 64, (2048, 4, 2): 56, (512, 2, 2): None},
-    "returns_nv": {(4096, 8, 4): 64, (4096, 8, 2): 64, (2048, 8, 4): 40, (2048, 8, 2): 40, (512, 2, 2): None},
-    "forward": {(4096, 8, 4): None, (4096, 8, 2): None, (2048, 4, 4): 56, (2048, 4, 2): None},
-    "vtrace": {(4096, 16, 4): None, (4096, 16, 2): 64, (2048, 8, 4): 80, (2048, 8, 2): 80, (512, 2, 2): 72},
-    "gae": {(4096, 8, 2): None, (2048, 4, 4): 64, (2048, 4, 2): None, (512, 2, 2): None},
+    "returns_nv": {(4096, 8, 4): 64, (4096, 8, 2): 64, (2048, 8, 4): 40, (2048, 8, 2): 40},
+    "forward": {(4096, 8, 4): None, (4096, 8, 2): None, (2048, 4, 2): None},
+    "vtrace": {(4096, 16, 4): None, (4096, 16, 2): 64, (2048, 8, 4): 80},
 }
 _LATE_WALKED = {
     "returns": {(1024, 4, 4): 48, (1024, 4, 2): None},
     "returns_nv": {(1024, 4, 4): 48, (1024, 4, 2): 48},
     "forward": {(1024, 4, 4): 48, (2048, 4, 2): 56},
     "vtrace": {(1024, 4, 4): None, (1024, 4, 2): None},
-    "gae": {(1024, 4, 4): 56, (1024, 4, 2): None},
 }
 # Envs and warps of single-pass tiles of 2-byte floats, by kind: {(bn, bt): (bn, warps)}, where other than tile()'s
 # measured faster: rows of one 512-step chunk in one-env programs of 2 warps instead of two-env programs of 4 (the
@@ -376,13 +379,17 @@ def _scan(kind: str, n: int, t: int, dtype: torch.dtype) -> Plan:
 
 
 def _late(kind: str, plan: Plan, t: int, dtype: torch.dtype | None) -> Plan:
-    """Single-pass plans of one env in float32 or 2-byte floats: Plan.late and its cap where _LATE (rows of one
-    chunk) or _LATE_WALKED (walked rows) lists them."""
-    if plan.split is not Split.SINGLE or plan.bn != 1 or dtype is None or not (_is_f32(dtype) or dtype.itemsize == 2):
+    """Single-pass plans in float32 or 2-byte floats: Plan.late and its cap where _LATE (rows of one chunk) or
+    _LATE_WALKED (walked rows) lists a one-env program, else the cap of _WALKED_CAPS (walked float32 rows)."""
+    if plan.split is not Split.SINGLE or dtype is None or not (_is_f32(dtype) or dtype.itemsize == 2):
         return plan
-    late = (_LATE_WALKED if _chunks(plan, t) > 1 else _LATE).get(kind, {})
+    walked = _chunks(plan, t) > 1
+    late = (_LATE_WALKED if walked else _LATE).get(kind, {})
     key = (plan.bt, plan.warps, dtype.itemsize)
-    return replace(plan, late=True, maxnreg=late[key]) if key in late else plan
+    if plan.bn == 1 and key in late:
+        return replace(plan, late=True, maxnreg=late[key])
+    cap = _WALKED_CAPS.get(kind, {}).get((plan.bt, plan.warps)) if walked and _is_f32(dtype) else None
+    return plan if cap is None else replace(plan, maxnreg=cap)
 
 
 def _retrace(n: int, t: int, num_actions: int, dtype: torch.dtype) -> Plan:
