@@ -49,8 +49,8 @@ def test_targets_verdicts():
 def test_tune_varies_plan_fields():
     """benchmarks.tune parses --vary into typed Plan fields and lists the chosen plan first."""
     base = tune.chosen_plan("compute_gae", 4096, 2048, torch.float32, False)
-    vary = tune.parse_vary(["warps=8,4", "form=plain,groups4", "maxnreg=0,64", "exact_t=1"])
-    assert vary["form"] == [Form.PLAIN, Form.GROUPS4] and vary["maxnreg"] == [None, 64] and vary["exact_t"] == [True]
+    vary = tune.parse_vary(["warps=8,4", "form=plain,groups4", "maxnreg=0,48", "exact_t=1"])
+    assert vary["form"] == [Form.PLAIN, Form.GROUPS4] and vary["maxnreg"] == [None, 48] and vary["exact_t"] == [True]
     found = tune.variants(base, vary)
     assert found[0] == base and len(found) == 8 and len(set(found)) == 8
     with pytest.raises(SystemExit, match="FIELD"):
