@@ -14,12 +14,18 @@ the trees compute the same bits.
 BASE may also be a directory that holds a tree (its ``rl_triton`` package is imported from there), for machines
 without the repository's history: ``git archive BASE rl_triton | tar -x -C DIR``.
 
+``--touched`` first compiles every configuration's launches in both trees for sm_90, as ``benchmarks.tune
+--offline`` does (no GPU needed), and times only the configurations whose code differs (the grid, warps or SASS of
+a launch); the others are listed as the same code, whose times cannot differ. With ``--device cpu`` it stops
+there: a CPU machine lists which configurations a change touches before any GPU time is spent.
+
 Examples::
 
     python -m benchmarks.compare main                                     # the quick suite's shapes
     python -m benchmarks.compare b6064a8 --shapes 4096x2048,8192x4096 --dtypes float32,bfloat16
     python -m benchmarks.compare HEAD~1 --functions vtrace,retrace --time-major --shapes 16384x512
     python -m benchmarks.compare main --device cpu --shapes 4x16          # plumbing only: times mean nothing
+    python -m benchmarks.compare main --touched --device cpu --shapes 4096x2048,16384x512 --dtypes float32,bfloat16
 """
 
 from __future__ import annotations
@@ -141,6 +147,56 @@ def worker(tree: Path, rows: list[dict], device: str, rep_ms: float) -> dict:
     return out
 
 
+def code_worker(tree: Path, rows: list[dict]) -> dict:
+    """Offline (no GPU): per row, a digest of what its call launches with the rl_triton of ``tree`` -- each
+    launch's grid, warps and sm_90 SASS, compiled as ``benchmarks.tune --offline`` does."""
+    _import_tree(tree)
+    import torch
+
+    from benchmarks import specs, tune
+
+    out = {}
+    for raw in rows:
+        row = Row(**raw)
+        saved, specs.NUM_ACTIONS = specs.NUM_ACTIONS, row.num_actions
+        try:
+            x = specs.Inputs(row.num_envs, row.seq_len, getattr(torch, row.dtype), torch.device("cpu"), row.time_major)
+            with tune.recorded_launches() as rec, torch.no_grad():
+                specs.SPECS[row.function].primary(x)
+            h = hashlib.sha1()
+            for kernel, grid, args, options, warps in rec:
+                sass, _usage = tune.sass_and_resources(tune.compile_sm90(kernel, args, options, warps).asm["cubin"])
+                h.update(f"{list(grid)} {warps}\n{sass}".encode())
+            out[row.key] = {"code": h.hexdigest()[:12], "launches": len(rec)}
+            x.release()
+        except Exception as exc:  # noqa: BLE001 - a row that does not compile here is timed, not skipped
+            out[row.key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        finally:
+            specs.NUM_ACTIONS = saved
+    return out
+
+
+def touched(codes: dict, rows: list[Row]) -> tuple[list[Row], list[Row]]:
+    """(rows whose code differs or could not be compared, rows of the same code in both trees) from the two
+    trees' :func:`code_worker` results."""
+    same = [
+        r for r in rows
+        if "code" in codes["base"].get(r.key, {}) and codes["base"][r.key] == codes["head"].get(r.key)
+    ]  # fmt: skip
+    return [r for r in rows if r not in same], same
+
+
+def _listing(codes: dict, differ: list[Row], same: list[Row]) -> str:
+    lines = [f"{len(differ)} of {len(differ) + len(same)} configurations compile differently (--touched)"]
+    lines += [f"  same code: {r.key}" for r in same]
+    for r in differ:
+        errors = [
+            f"{side}: {codes[side][r.key]['error']}" for side in ("base", "head") if "error" in codes[side][r.key]
+        ]
+        lines.append(f"  differs:   {r.key}" + (f" (not compiled: {'; '.join(errors)})" if errors else ""))
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------------------------- statistics
 
 
@@ -247,13 +303,15 @@ def checked_out(base: str):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run_worker(tree: Path, rows: list[Row], device: str, rep_ms: float) -> dict:
+def _run_worker(tree: Path, rows: list[Row], device: str, rep_ms: float, code: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         spec, result = Path(tmp) / "rows.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps([dataclasses.asdict(r) for r in rows]))
         cmd = [sys.executable, "-m", "benchmarks.compare", "--worker", str(tree), str(spec), str(result)]
-        cmd += ["--device", device, "--rep-ms", str(rep_ms)]
+        cmd += ["--device", device, "--rep-ms", str(rep_ms)] + (["--code"] if code else [])
         env = dict(os.environ, PYTHONPATH=str(REPO))  # this repository's benchmarks; the tree's rl_triton first
+        if code:
+            env.pop("TRITON_INTERPRET", None)  # the interpreter has no compiled kernels
         proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not result.exists():
             raise RuntimeError(f"compare: the worker for {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -331,11 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=float, default=40.0, help="do_bench's repetition time per row (ms)")
     ap.add_argument("--json", default=None, help="also write every sample and the table to this file")
     ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    ap.add_argument("--touched", action="store_true", help="time only the configurations whose compiled code differs")
     ap.add_argument("--worker", nargs=3, metavar=("TREE", "ROWS", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--code", action="store_true", help=argparse.SUPPRESS)  # the worker compiles, not times
     a = ap.parse_args(argv)
     if a.worker:
         tree, rows, out = a.worker
-        Path(out).write_text(json.dumps(worker(Path(tree), json.loads(Path(rows).read_text()), a.device, a.rep_ms)))
+        rows = json.loads(Path(rows).read_text())
+        result = code_worker(Path(tree), rows) if a.code else worker(Path(tree), rows, a.device, a.rep_ms)
+        Path(out).write_text(json.dumps(result))
         return 0
     if not a.base:
         ap.error("BASE is required")
@@ -345,6 +407,14 @@ def main(argv: list[str] | None = None) -> int:
     head = Path(a.head).resolve()
     t0 = time.time()
     with checked_out(a.base) as (base_tree, base_label):
+        same = []
+        if a.touched:
+            codes = {side: _run_worker(tree, rows, a.device, a.rep_ms, code=True)
+                     for side, tree in (("base", base_tree), ("head", head))}  # fmt: skip
+            rows, same = touched(codes, rows)
+            print(_listing(codes, rows, same), end="")
+            if not rows or a.device == "cpu":
+                return 0
         samples, table = run(
             base_tree, head, rows, device=a.device, rounds=a.rounds, max_rounds=max(a.rounds, a.max_rounds),
             threshold=a.threshold, rep_ms=a.rep_ms, progress=Path(a.json) if a.json else None,
@@ -354,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = failed(table)
     control = next(r for r in table if r["row"] == CONTROL)
     notes = [f"{len(rows)} configurations, {a.device}, {time.time() - t0:.0f} s; threshold {a.threshold:.0%}"]
+    if same:
+        notes.append(f"{len(same)} more of the same code in both trees, not timed (--touched)")
     if control.get("verdict") not in (None, "error") and abs(control["ratio"] - 1) > a.threshold:
         notes.append(f"the control moved by {control['ratio'] - 1:+.1%}: the machine changed between processes")
     if a.device == "cpu":

@@ -120,3 +120,33 @@ def test_run_on_cpu(tmp_path):
             assert r["same_bits"] is True
     assert rc == (1 if compare.failed(result["table"]) else 0)
     assert (tmp_path / "cmp.md").read_text().startswith("| configuration |")
+
+
+def test_touched_lists_the_configurations_whose_code_differs(tmp_path, capsys):
+    """--touched compiles both trees offline: BASE is this tree with GAE's delta summed in another order, so GAE's
+    configuration compiles differently and the traces' does not; with --device cpu nothing is timed."""
+    base = tmp_path / "base"
+    shutil.copytree(REPO / "rl_triton", base / "rl_triton", ignore=shutil.ignore_patterns("__pycache__"))
+    gae = base / "rl_triton" / "ops" / "gae.py"
+    src = gae.read_text()
+    assert "b_delta = b_r + gamma * b_vnext - b_v" in src
+    gae.write_text(src.replace("b_delta = b_r + gamma * b_vnext - b_v", "b_delta = b_r - b_v + gamma * b_vnext"))
+    argv = [str(base), "--touched", "--device", "cpu", "--shapes", "4x16", "--functions", "gae,traces"]
+    rc = compare.main(argv)
+    out = capsys.readouterr().out
+    if "not compiled" in out and "ptxas" in out:
+        pytest.skip(f"no working ptxas: {out[-300:]}")
+    assert rc == 0
+    assert "1 of 2 configurations compile differently" in out, out
+    assert "differs:   compute_gae 4x16 float32\n" in out, out
+    assert "same code: compute_eligibility_traces 4x16 float32\n" in out, out
+    assert "| configuration |" not in out  # --device cpu: listed, not timed
+
+
+def test_touched_times_what_could_not_be_compared():
+    """A configuration that did not compile in a tree is timed (it may differ); equal code is not."""
+    rows = [compare.Row(f, 4, 16, "float32") for f in ("compute_gae", "compute_vtrace", "compute_retrace")]
+    base = {rows[0].key: {"code": "a"}, rows[1].key: {"error": "E"}, rows[2].key: {"code": "c"}}
+    head = {rows[0].key: {"code": "a"}, rows[1].key: {"error": "E"}, rows[2].key: {"code": "d"}}
+    differ, same = compare.touched({"base": base, "head": head}, rows)
+    assert same == rows[:1] and differ == rows[1:]
