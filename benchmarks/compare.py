@@ -161,13 +161,11 @@ def code_worker(tree: Path, rows: list[dict]) -> dict:
         saved, specs.NUM_ACTIONS = specs.NUM_ACTIONS, row.num_actions
         try:
             x = specs.Inputs(row.num_envs, row.seq_len, getattr(torch, row.dtype), torch.device("cpu"), row.time_major)
-            with tune.recorded_launches() as rec, torch.no_grad():
-                specs.SPECS[row.function].primary(x)
+            launches = tune.compiled_launches(row.function, x)
             h = hashlib.sha1()
-            for kernel, grid, args, options, warps in rec:
-                sass, _usage = tune.sass_and_resources(tune.compile_sm90(kernel, args, options, warps).asm["cubin"])
+            for _kernel, grid, _options, warps, _ck, sass, _usage in launches:
                 h.update(f"{list(grid)} {warps}\n{sass}".encode())
-            out[row.key] = {"code": h.hexdigest()[:12], "launches": len(rec)}
+            out[row.key] = {"code": h.hexdigest()[:12], "launches": len(launches)}
             x.release()
         except Exception as exc:  # noqa: BLE001 - a row that does not compile here is timed, not skipped
             out[row.key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -190,9 +188,8 @@ def _listing(codes: dict, differ: list[Row], same: list[Row]) -> str:
     lines = [f"{len(differ)} of {len(differ) + len(same)} configurations compile differently (--touched)"]
     lines += [f"  same code: {r.key}" for r in same]
     for r in differ:
-        errors = [
-            f"{side}: {codes[side][r.key]['error']}" for side in ("base", "head") if "error" in codes[side][r.key]
-        ]
+        got = {side: codes[side].get(r.key, {"error": "no result"}) for side in ("base", "head")}
+        errors = [f"{side}: {res['error']}" for side, res in got.items() if "error" in res]
         lines.append(f"  differs:   {r.key}" + (f" (not compiled: {'; '.join(errors)})" if errors else ""))
     return "\n".join(lines) + "\n"
 

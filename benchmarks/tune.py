@@ -225,15 +225,23 @@ def programs_per_sm(registers: int, warps: int, shared: int) -> int:
 _SHOWN = ("BN", "BT", "FORM", "PHASE", "ONE", "NKP", "EXACT_T", "TDIV", "TM", "WHOLE", "maxnreg")
 
 
+def compiled_launches(fn: str, x: specs.Inputs, plan: Plan | None = None) -> list[tuple]:
+    """The launches of ``fn``'s primary call (under ``plan``, else the chosen one) compiled for sm_90: per launch
+    (kernel, grid, constexprs and options, warps, Triton's CompiledKernel, SASS text, resource usage)."""
+    with recorded_launches() as rec, torch.no_grad():
+        specs.SPECS[fn].primary(x, plan)
+    out = []
+    for kernel, grid, args, options, warps in rec:
+        ck = compile_sm90(kernel, args, options, warps)
+        out.append((kernel, grid, options, warps, ck, *sass_and_resources(ck.asm["cubin"])))
+    return out
+
+
 def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> list[dict]:
     """One row per launch of ``fn``'s primary call under ``plan``, compiled for sm_90."""
-    spec = specs.SPECS[fn]
-    with recorded_launches() as rec, torch.no_grad():
-        spec.primary(x, plan)
+    launches = compiled_launches(fn, x, plan)
     rows = []
-    for i, (kernel, grid, args, options, warps) in enumerate(rec):
-        ck = compile_sm90(kernel, args, options, warps)
-        sass, usage = sass_and_resources(ck.asm["cubin"])
+    for i, (kernel, grid, options, warps, ck, sass, usage) in enumerate(launches):
         ops = opcode_counts(sass)
         instructions = sum(ops.values())
         own, apart = split_functions(sass)
@@ -252,7 +260,7 @@ def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> li
             "top_opcodes": dict(ops.most_common(12)),
         })  # fmt: skip
         if dump:
-            stem = dump if len(rec) == 1 else f"{dump}.{i}"
+            stem = dump if len(launches) == 1 else f"{dump}.{i}"
             for ext, text in ((".sass", sass), (".ptx", ck.asm["ptx"]), (".ttgir", ck.asm["ttgir"])):
                 with open(stem + ext, "w") as f:
                     f.write(text)
