@@ -276,8 +276,8 @@ def test_time_major_lookback_caps():
 
 def test_caps_are_launch_options(monkeypatch):
     """A cap is Triton's maxnreg launch option (not a kernel argument) on single-pass and look-back launches,
-    never on two passes; a ROCm build of PyTorch launches without any (Triton's AMD backend has no such
-    option)."""
+    never on two passes (check_plan refuses one there); a ROCm build of PyTorch launches without any (Triton's
+    AMD backend has no such option)."""
     from rl_triton.kernels import launch
     from rl_triton.ops import gae
 
@@ -315,6 +315,7 @@ def test_explicit_plans_are_checked(kernel_path):
         Plan(1, 32, 4, exact_t=True),  # rows of 300 steps, not 32
         Plan(3, 32, 4),  # bn a power of two
         Plan(1, 32, 4, split=Split.TWO_PASS, chunks_per_block=0),
+        Plan(1, 32, 4, split=Split.TWO_PASS, chunks_per_block=2, maxnreg=64),  # two passes take no cap
     ]
     for plan in bad:
         with pytest.raises(ValueError, match="cannot launch gae"):

@@ -200,6 +200,8 @@ def check_plan(plan: Plan, kind: str, n: int, t: int, dtype: torch.dtype, time_m
         bad(f"the look-back window must be a power of two whose square covers the row's {n_chunks} blocks")
     if plan.split is Split.TWO_PASS and plans.cdiv(n_chunks, plan.chunks_per_block) > plans.MAX_BLOCKS:
         bad(f"two passes fold at most {plans.MAX_BLOCKS} blocks per row")
+    if plan.split is Split.TWO_PASS and plan.maxnreg:
+        bad("two passes take no register cap (maxnreg caps single-pass and look-back launches)")
 
 
 def _build(kernel, plan: Plan, p, constexprs: dict, cached: bool) -> _Launch:

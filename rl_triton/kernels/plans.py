@@ -64,7 +64,7 @@ class Plan:
     chunks_per_block: int = 1  # TWO_PASS: chunks per time block
     window: int = 1  # LOOKBACK: blocks per window (core.lookback)
     epochs: bool = True  # LOOKBACK: flags tagged by epoch and kept between calls, instead of zeroed per call
-    maxnreg: int | None = None  # register cap (Triton's maxnreg)
+    maxnreg: int | None = None  # register cap (Triton's maxnreg) of single-pass and look-back launches
     exact_t: bool = False  # T == BT: the row length is a constexpr, so every mask of the chunk folds away
     whole: bool = False  # T is a multiple of BT: no time mask
     row_div: int = 1  # T is a multiple of this (lets Triton prove 4- and 8-step rows aligned)
