@@ -17,7 +17,8 @@ without the repository's history: ``git archive BASE rl_triton | tar -x -C DIR``
 ``--touched`` first compiles every configuration's launches in both trees for sm_90, as ``benchmarks.tune
 --offline`` does (no GPU needed), and times only the configurations whose code differs (the grid, warps or SASS of
 a launch); the others are listed as the same code, whose times cannot differ. With ``--device cpu`` it stops
-there: a CPU machine lists which configurations a change touches before any GPU time is spent.
+there: a CPU machine lists which configurations a change touches before any GPU time is spent. The compiling runs
+in ``--jobs`` processes at once (default: one per CPU core), the configurations split between them.
 
 Examples::
 
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -315,6 +317,22 @@ def _run_worker(tree: Path, rows: list[Row], device: str, rep_ms: float, code: b
         return json.loads(result.read_text())
 
 
+def compiled_codes(trees: dict[str, Path], rows: list[Row], jobs: int) -> dict:
+    """Per tree, :func:`code_worker`'s results for ``rows``: the rows split over ``jobs`` compiling processes at
+    once across the trees (compiling takes seconds a configuration; each process compiles its own share)."""
+    shares = max(1, jobs // len(trees))
+    parts = [part for part in (rows[i::shares] for i in range(shares)) if part]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [
+            (side, pool.submit(_run_worker, tree, part, "cpu", 0.0, code=True))
+            for side, tree in trees.items() for part in parts
+        ]  # fmt: skip
+    codes = {side: {} for side in trees}
+    for side, future in futures:
+        codes[side].update(future.result())
+    return codes
+
+
 def _progress(total: int):
     try:
         from tqdm import tqdm
@@ -387,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write every sample and the table to this file")
     ap.add_argument("--markdown", default=None, help="also write the table to this file")
     ap.add_argument("--touched", action="store_true", help="time only the configurations whose compiled code differs")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="--touched: compiling processes at once")
     ap.add_argument("--worker", nargs=3, metavar=("TREE", "ROWS", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--code", action="store_true", help=argparse.SUPPRESS)  # the worker compiles, not times
     a = ap.parse_args(argv)
@@ -406,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     with checked_out(a.base) as (base_tree, base_label):
         same = []
         if a.touched:
-            codes = {side: _run_worker(tree, rows, a.device, a.rep_ms, code=True)
-                     for side, tree in (("base", base_tree), ("head", head))}  # fmt: skip
+            codes = compiled_codes({"base": base_tree, "head": head}, rows, a.jobs)
             rows, same = touched(codes, rows)
             print(_listing(codes, rows, same), end="")
             if not rows or a.device == "cpu":

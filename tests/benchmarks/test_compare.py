@@ -124,14 +124,15 @@ def test_run_on_cpu(tmp_path):
 
 def test_touched_lists_the_configurations_whose_code_differs(tmp_path, capsys):
     """--touched compiles both trees offline: BASE is this tree with GAE's delta summed in another order, so GAE's
-    configuration compiles differently and the traces' does not; with --device cpu nothing is timed."""
+    configuration compiles differently and the traces' does not; with --device cpu nothing is timed. Four jobs:
+    each tree's two configurations compile in two processes."""
     base = tmp_path / "base"
     shutil.copytree(REPO / "rl_triton", base / "rl_triton", ignore=shutil.ignore_patterns("__pycache__"))
     gae = base / "rl_triton" / "ops" / "gae.py"
     src = gae.read_text()
     assert "b_delta = b_r + gamma * b_vnext - b_v" in src
     gae.write_text(src.replace("b_delta = b_r + gamma * b_vnext - b_v", "b_delta = b_r - b_v + gamma * b_vnext"))
-    argv = [str(base), "--touched", "--device", "cpu", "--shapes", "4x16", "--functions", "gae,traces"]
+    argv = [str(base), "--touched", "--device", "cpu", "--shapes", "4x16", "--functions", "gae,traces", "--jobs", "4"]
     rc = compare.main(argv)
     out = capsys.readouterr().out
     if "not compiled" in out and "ptxas" in out:
@@ -141,6 +142,29 @@ def test_touched_lists_the_configurations_whose_code_differs(tmp_path, capsys):
     assert "differs:   compute_gae 4x16 float32\n" in out, out
     assert "same code: compute_eligibility_traces 4x16 float32\n" in out, out
     assert "| configuration |" not in out  # --device cpu: listed, not timed
+
+
+def test_compiled_codes_split_the_rows_over_the_jobs(monkeypatch):
+    """Each tree's rows go to jobs // 2 compiling processes (at least one), and every row's result comes back
+    under its tree."""
+    calls = []
+
+    def fake_worker(tree, rows, device, rep_ms, code=False):
+        assert code and device == "cpu"
+        calls.append((tree, [r.key for r in rows]))
+        return {r.key: {"code": f"{tree}:{r.key}"} for r in rows}
+
+    monkeypatch.setattr(compare, "_run_worker", fake_worker)
+    rows = [compare.Row("compute_gae", n, 16, "float32") for n in (1, 2, 3, 4, 5)]
+    trees = {"base": Path("b"), "head": Path("h")}
+    for jobs, processes in ((1, 2), (2, 2), (4, 4), (6, 6), (64, 10)):
+        calls.clear()
+        codes = compare.compiled_codes(trees, rows, jobs)
+        assert len(calls) == processes
+        for side, tree in trees.items():
+            assert codes[side] == {r.key: {"code": f"{tree}:{r.key}"} for r in rows}
+            shares = [keys for t, keys in calls if t == tree]
+            assert sorted(k for keys in shares for k in keys) == sorted(r.key for r in rows)
 
 
 def test_touched_times_what_could_not_be_compared():
