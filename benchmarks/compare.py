@@ -17,8 +17,12 @@ without the repository's history: ``git archive BASE rl_triton | tar -x -C DIR``
 ``--touched`` first compiles every configuration's launches in both trees for sm_90, as ``benchmarks.tune
 --offline`` does (no GPU needed), and times only the configurations whose code differs (the grid, warps or SASS of
 a launch); the others are listed as the same code, whose times cannot differ. With ``--device cpu`` it stops
-there: a CPU machine lists which configurations a change touches before any GPU time is spent. The compiling runs
-in ``--jobs`` processes at once (default: one per CPU core), the configurations split between them.
+there: a CPU machine lists which configurations a change touches before any GPU time is spent.
+
+Compiling takes about a second a configuration and tree, most of a gate's time, so it runs in ``--jobs`` processes
+at once (default: one per CPU core, at most 16), the configurations split between them: the offline compile of
+``--touched``, and an untimed warm-up pass before the timed rounds that runs every configuration once in each tree,
+which leaves the kernels in Triton's cache for the timed processes.
 
 Examples::
 
@@ -49,6 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 THRESHOLD = 0.03
 CONTROL = "copy (control)"
+WARM_REP_MS = 1.0  # the warm-up pass's do_bench time per row: it only compiles
 CONTROL_BYTES = 1 << 28  # 256 MiB moved (half read, half written): large against the L2, short to time
 
 
@@ -317,20 +322,25 @@ def _run_worker(tree: Path, rows: list[Row], device: str, rep_ms: float, code: b
         return json.loads(result.read_text())
 
 
-def compiled_codes(trees: dict[str, Path], rows: list[Row], jobs: int) -> dict:
-    """Per tree, :func:`code_worker`'s results for ``rows``: the rows split over ``jobs`` compiling processes at
-    once across the trees (compiling takes seconds a configuration; each process compiles its own share)."""
+def in_parallel(trees: dict[str, Path], rows: list[Row], jobs: int, **worker) -> dict:
+    """Per tree, :func:`_run_worker`'s results for ``rows`` (``worker``: its other arguments), the rows of each
+    tree split over ``jobs // 2`` processes and ``jobs`` processes running at once."""
     shares = max(1, jobs // len(trees))
     parts = [part for part in (rows[i::shares] for i in range(shares)) if part]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [
-            (side, pool.submit(_run_worker, tree, part, "cpu", 0.0, code=True))
-            for side, tree in trees.items() for part in parts
-        ]  # fmt: skip
-    codes = {side: {} for side in trees}
+            (side, pool.submit(_run_worker, tree, part, **worker)) for side, tree in trees.items() for part in parts
+        ]
+    results = {side: {} for side in trees}
     for side, future in futures:
-        codes[side].update(future.result())
-    return codes
+        results[side].update(future.result())
+    return results
+
+
+def compiled_codes(trees: dict[str, Path], rows: list[Row], jobs: int) -> dict:
+    """Per tree, :func:`code_worker`'s results for ``rows``, compiled in ``jobs`` processes at once (compiling
+    takes about a second a configuration)."""
+    return in_parallel(trees, rows, jobs, device="cpu", rep_ms=0.0, code=True)
 
 
 def _progress(total: int):
@@ -343,11 +353,16 @@ def _progress(total: int):
 
 
 def run(base_tree: Path, head_tree: Path, rows: list[Row], *, device: str, rounds: int, max_rounds: int,
-        threshold: float, rep_ms: float, progress: Path | None = None) -> tuple[dict, list[dict]]:  # fmt: skip
+        threshold: float, rep_ms: float, progress: Path | None = None,
+        jobs: int = 1) -> tuple[dict, list[dict]]:  # fmt: skip
     """Alternating processes, ``rounds`` rounds of every row, then up to ``max_rounds`` for the suspect ones.
-    ``progress``: a file that holds the samples so far after every process (for runs cut short)."""
+    ``progress``: a file that holds the samples so far after every process (for runs cut short). ``jobs`` > 1:
+    first a warm-up pass, untimed, that runs every row once in ``jobs`` processes at once, so that Triton's cache
+    holds the kernels before the timed processes, one at a time, start (compiling is most of a gate's time)."""
     samples = {"base": {}, "head": {}}
     trees = {"base": base_tree, "head": head_tree}
+    if jobs > 1:
+        in_parallel(trees, rows, jobs, device=device, rep_ms=WARM_REP_MS)
     todo = list(rows)
     bar = _progress(2 * max_rounds)
     for r in range(max_rounds):
@@ -405,7 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write every sample and the table to this file")
     ap.add_argument("--markdown", default=None, help="also write the table to this file")
     ap.add_argument("--touched", action="store_true", help="time only the configurations whose compiled code differs")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="--touched: compiling processes at once")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=min(os.cpu_count() or 1, 16),
+        help="processes at once for compiling (--touched) and the untimed warm-up pass; 1: neither in parallel",
+    )
     ap.add_argument("--worker", nargs=3, metavar=("TREE", "ROWS", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--code", action="store_true", help=argparse.SUPPRESS)  # the worker compiles, not times
     a = ap.parse_args(argv)
@@ -432,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         samples, table = run(
             base_tree, head, rows, device=a.device, rounds=a.rounds, max_rounds=max(a.rounds, a.max_rounds),
-            threshold=a.threshold, rep_ms=a.rep_ms, progress=Path(a.json) if a.json else None,
+            threshold=a.threshold, rep_ms=a.rep_ms, progress=Path(a.json) if a.json else None, jobs=a.jobs,
         )  # fmt: skip
     head_label = tree_label(head)
     text = markdown(table, base_label, head_label)

@@ -167,6 +167,30 @@ def test_compiled_codes_split_the_rows_over_the_jobs(monkeypatch):
             assert sorted(k for keys in shares for k in keys) == sorted(r.key for r in rows)
 
 
+def test_warm_up_pass_comes_first_and_is_not_timed(monkeypatch):
+    """With jobs > 1, every row runs once per tree in parallel processes (do_bench's short warm-up time) before the
+    timed rounds, whose processes each take every row; the warm-up's times are not among the samples."""
+    calls = []
+
+    def fake_worker(tree, rows, device, rep_ms, code=False):
+        calls.append((tree, rep_ms, [r.key for r in rows]))
+        us = 99.0 if rep_ms == compare.WARM_REP_MS else 1.0
+        return {compare.CONTROL: {"us": us}, **{r.key: {"us": us, "digest": "d"} for r in rows}}
+
+    monkeypatch.setattr(compare, "_run_worker", fake_worker)
+    rows = [compare.Row("compute_gae", n, 16, "float32") for n in (1, 2, 3)]
+    samples, table = compare.run(
+        Path("b"), Path("h"), rows, device="cpu", rounds=2, max_rounds=2, threshold=0.03, rep_ms=40.0, jobs=4
+    )
+    warm, timed = calls[:4], calls[4:]
+    assert all(rep == compare.WARM_REP_MS for _t, rep, _k in warm)
+    for tree in (Path("b"), Path("h")):
+        assert sorted(k for t, _r, keys in warm if t == tree for k in keys) == sorted(r.key for r in rows)
+    assert len(timed) == 4 and all(rep == 40.0 and len(keys) == 3 for _t, rep, keys in timed)
+    assert all(s["us"] == 1.0 for side in samples.values() for runs in side.values() for s in runs)
+    assert all(r["ratio"] == 1.0 for r in table)
+
+
 def test_touched_times_what_could_not_be_compared():
     """A configuration that did not compile in a tree is timed (it may differ); equal code is not."""
     rows = [compare.Row(f, 4, 16, "float32") for f in ("compute_gae", "compute_vtrace", "compute_retrace")]
