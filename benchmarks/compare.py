@@ -19,10 +19,10 @@ without the repository's history: ``git archive BASE rl_triton | tar -x -C DIR``
 a launch); the others are listed as the same code, whose times cannot differ. With ``--device cpu`` it stops
 there: a CPU machine lists which configurations a change touches before any GPU time is spent.
 
-Compiling takes about a second a configuration and tree, most of a gate's time, so it runs in ``--jobs`` processes
-at once (default: one per CPU core, at most 16), the configurations split between them: the offline compile of
-``--touched``, and an untimed warm-up pass before the timed rounds that runs every configuration once in each tree,
-which leaves the kernels in Triton's cache for the timed processes.
+Compiling takes about a second a configuration and tree, a large part of a gate's time, so it runs in ``--jobs``
+processes at once (default: one per CPU core, at most 16), the configurations split between them: the offline
+compile of ``--touched``, and an untimed warm-up pass before the timed rounds that runs every configuration once in
+each tree, which leaves the kernels in Triton's cache for the timed processes.
 
 Examples::
 
@@ -358,7 +358,7 @@ def run(base_tree: Path, head_tree: Path, rows: list[Row], *, device: str, round
     """Alternating processes, ``rounds`` rounds of every row, then up to ``max_rounds`` for the suspect ones.
     ``progress``: a file that holds the samples so far after every process (for runs cut short). ``jobs`` > 1:
     first a warm-up pass, untimed, that runs every row once in ``jobs`` processes at once, so that Triton's cache
-    holds the kernels before the timed processes, one at a time, start (compiling is most of a gate's time)."""
+    holds the kernels before the timed processes, one at a time, start."""
     samples = {"base": {}, "head": {}}
     trees = {"base": base_tree, "head": head_tree}
     if jobs > 1:
