@@ -31,6 +31,7 @@ Examples::
     python -m benchmarks.compare HEAD~1 --functions vtrace,retrace --time-major --shapes 16384x512
     python -m benchmarks.compare main --device cpu --shapes 4x16          # plumbing only: times mean nothing
     python -m benchmarks.compare main --touched --device cpu --shapes 4096x2048,16384x512 --dtypes float32,bfloat16
+    python -m benchmarks.compare --from-json a.json,b.json --grid gate.md   # saved runs as the performance page's grids
 """
 
 from __future__ import annotations
@@ -268,6 +269,46 @@ def markdown(table: list[dict], base_label: str, head_label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+GRID_NAMES = {
+    "compute_gae": "GAE", "compute_vtrace": "V-trace", "compute_retrace": "Retrace",
+    "compute_discounted_returns": "discounted returns", "compute_lambda_returns": "TD(λ) returns",
+    "compute_eligibility_traces": "eligibility traces", "compute_episodic_prefix_sum": "prefix sums",
+}  # fmt: skip
+
+
+def _num(x: float) -> str:
+    return f"{x:,.2f}"
+
+
+def grid(table: list[dict], bold_over: float = 0.02) -> str:
+    """``table`` as the performance page shows a gate: per dtype and layout, functions by shapes, each cell
+    ``BASE µs → HEAD µs (ratio)``, ``± spread`` where the spread exceeds 3 %, bold where HEAD is slower than BASE by
+    more than ``bold_over`` beyond the spread; rows that failed in a tree read ``error``."""
+    groups: dict[str, dict[str, dict[str, str]]] = {}
+    for r in table:
+        if r["row"] == CONTROL:
+            continue
+        function, shape, *rest = r["row"].split(" ")
+        n, t = (int(v) for v in shape.split("x"))
+        cells = groups.setdefault(" ".join(rest), {})
+        if r["verdict"] == "error":
+            text = "error"
+        else:
+            text = f"{_num(r['base_us'])} → {_num(r['head_us'])} ({r['ratio']:.3f}"
+            text += f" ± {r['spread']:.2f})" if r["spread"] > THRESHOLD else ")"
+            if r["ratio"] > 1 + bold_over + r["spread"]:
+                text = f"**{text}**"
+        cells.setdefault(f"{n:,}×{t:,}", {})[GRID_NAMES.get(function, function)] = text
+    out = []
+    for label, cells in groups.items():
+        shapes = list(cells)
+        functions = list(dict.fromkeys(f for c in cells.values() for f in c))
+        out += [f"{label}:", "", "| function | " + " | ".join(shapes) + " |", "| --- |" + " ---: |" * len(shapes)]
+        out += [f"| {f} | " + " | ".join(cells[s].get(f, "") for s in shapes) + " |" for f in functions]
+        out.append("")
+    return "\n".join(out)
+
+
 # --------------------------------------------------------------------------------------------- the driver
 
 
@@ -419,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=float, default=40.0, help="do_bench's repetition time per row (ms)")
     ap.add_argument("--json", default=None, help="also write every sample and the table to this file")
     ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    ap.add_argument("--grid", default=None, help="also write the table as grids of functions by shapes to this file")
+    ap.add_argument("--from-json", default=None, metavar="FILES", help="no run: --grid from these --json files (a,b)")
     ap.add_argument("--touched", action="store_true", help="time only the configurations whose compiled code differs")
     ap.add_argument(
         "--jobs",
@@ -434,6 +477,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = json.loads(Path(rows).read_text())
         result = code_worker(Path(tree), rows) if a.code else worker(Path(tree), rows, a.device, a.rep_ms)
         Path(out).write_text(json.dumps(result))
+        return 0
+    if a.from_json:
+        if not a.grid:
+            ap.error("--from-json writes --grid")
+        tables = [json.loads(Path(f).read_text())["table"] for f in a.from_json.split(",")]
+        Path(a.grid).write_text(grid([r for t in tables for r in t]))
         return 0
     if not a.base:
         ap.error("BASE is required")
@@ -469,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text + "\n" + "; ".join(notes) + "\n" + summary)
     if a.markdown:
         Path(a.markdown).write_text(text)
+    if a.grid:
+        Path(a.grid).write_text(grid(table))
     if a.json:
         ratios = [r["ratio"] for r in table if "ratio" in r and r["row"] != CONTROL]
         meta = {"base": base_label, "head": head_label, "device": a.device, "threshold": a.threshold,

@@ -109,7 +109,9 @@ def test_run_on_cpu(tmp_path):
     shutil.copytree(REPO / "rl_triton", base / "rl_triton", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "cmp.json"
     argv = [str(base), "--device", "cpu", "--shapes", "4x16", "--functions", "gae,traces", "--max-rounds", "2"]
-    rc = compare.main([*argv, "--json", str(out), "--markdown", str(tmp_path / "cmp.md")])
+    rc = compare.main(
+        [*argv, "--json", str(out), "--markdown", str(tmp_path / "cmp.md"), "--grid", str(tmp_path / "g.md")]
+    )
     result = json.loads(out.read_text())
     rows = {r["row"]: r for r in result["table"]}
     assert set(rows) == {compare.CONTROL, "compute_gae 4x16 float32", "compute_eligibility_traces 4x16 float32"}
@@ -120,6 +122,7 @@ def test_run_on_cpu(tmp_path):
             assert r["same_bits"] is True
     assert rc == (1 if compare.failed(result["table"]) else 0)
     assert (tmp_path / "cmp.md").read_text().startswith("| configuration |")
+    assert (tmp_path / "g.md").read_text().startswith("float32:\n\n| function | 4×16 |")
 
 
 def test_touched_lists_the_configurations_whose_code_differs(tmp_path, capsys):
@@ -189,6 +192,38 @@ def test_warm_up_pass_comes_first_and_is_not_timed(monkeypatch):
     assert len(timed) == 4 and all(rep == 40.0 and len(keys) == 3 for _t, rep, keys in timed)
     assert all(s["us"] == 1.0 for side in samples.values() for runs in side.values() for s in runs)
     assert all(r["ratio"] == 1.0 for r in table)
+
+
+def test_grid_lays_the_table_out_as_the_performance_page_does(tmp_path):
+    """Per dtype and layout a grid of functions by shapes; the spread shown only above 3 %; bold only where HEAD is
+    slower than BASE by more than 2 % beyond the spread; --from-json renders saved tables without a run."""
+
+    def row(key, b, h, spread=0.01):
+        return {"row": key, "base_us": b, "head_us": h, "ratio": h / b, "spread": spread, "verdict": "same"}
+
+    table = [
+        {"row": compare.CONTROL, "base_us": 1.0, "head_us": 1.0, "ratio": 1.0, "spread": 0.0, "verdict": "same"},
+        row("compute_gae 4096x2048 float32", 32.0, 32.32),
+        row("compute_vtrace 4096x2048 float32", 100.0, 104.0),  # 1.04 > 1.02 + 0.01: bold
+        row("compute_vtrace 8192x4096 float32", 1000.0, 1040.0, spread=0.05),  # within its spread
+        row("compute_gae 16384x512 bfloat16 time-major", 40.0, 38.0),
+        {"row": "compute_retrace 64x512 float32", "verdict": "error", "errors": {"head": "E"}},
+    ]
+    text = compare.grid(table)
+    assert text.splitlines()[:5] == [
+        "float32:",
+        "",
+        "| function | 4,096×2,048 | 8,192×4,096 | 64×512 |",
+        "| --- | ---: | ---: | ---: |",
+        "| GAE | 32.00 → 32.32 (1.010) |  |  |",
+    ]
+    assert "| V-trace | **100.00 → 104.00 (1.040)** | 1,000.00 → 1,040.00 (1.040 ± 0.05) |  |" in text
+    assert "| Retrace |  |  | error |" in text
+    assert "bfloat16 time-major:\n\n| function | 16,384×512 |\n| --- | ---: |\n| GAE | 40.00 → 38.00 (0.950) |" in text
+    saved = tmp_path / "a.json"
+    saved.write_text(json.dumps({"table": table}))
+    assert compare.main(["--from-json", str(saved), "--grid", str(tmp_path / "g.md")]) == 0
+    assert (tmp_path / "g.md").read_text() == text
 
 
 def test_touched_times_what_could_not_be_compared():
