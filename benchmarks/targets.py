@@ -4,7 +4,7 @@ replay, L2 flushed), minimum bytes, fraction of a device-to-device copy of the s
 the same run, and full-call time (CUDA events around one public call, median after warm-up).
 Also bfloat16 at the large shapes (speedup over float32) and Retrace with 18 actions.
 
-Usage: python -m benchmarks.targets [--quick] [--out results.json] [--markdown table.md]
+Usage: python -m benchmarks.targets [--quick] [--out results.json] [--markdown table.md] [--page tables.md]
 """
 
 from __future__ import annotations
@@ -122,11 +122,57 @@ def markdown(rows: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+PAGE_LABELS = {fn: f"`{fn}`" for fn in FUNCTIONS} | {"compute_retrace": "`compute_retrace` (4 actions)"}
+PAGE_TABLES = (  # the tables of docs/performance.md: (dtype, shapes, cell)
+    ("float32", LARGE + LONG[:3], "kernel"),
+    ("float32", LONG[3:] + SHORT[:1] + SHORT[1:3] + SHORT[3:] + COMMON, "kernel"),
+    ("bfloat16", LARGE, "bfloat16"),
+    ("float32", [COMMON[0], LARGE[0], LONG[3]], "full call"),
+)
+
+
+def _us(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def _cell(r: dict, kind: str) -> str:
+    if kind == "kernel":
+        return f"{_us(r['kernel_us'])} ({r['fraction_of_copy']:.2f})"
+    if kind == "bfloat16":
+        return (
+            f"{_us(r['kernel_us'])} ({r['fraction_of_copy']:.2f}, {r['speedup_over_float32']:.2f}×; "
+            f"copy {r['copy_speedup_over_float32']:.2f}×)"
+        )
+    return f"{r['full_call_us']:.1f} ({r['kernel_us']:.1f})"
+
+
+def page_tables(rows: list[dict]) -> list[str]:
+    """The kernel-time and full-call tables of docs/performance.md from a run's rows (after :func:`verdicts`):
+    functions by shapes, Retrace with 18 actions as a row of the first table."""
+    by_key = {(r["function"], r["num_envs"], r["seq_len"], r["dtype"], r["num_actions"] or 4): r for r in rows}
+    tables = []
+    for dtype, shapes, kind in PAGE_TABLES:
+        lines = ["| function | " + " | ".join(f"{n:,}×{t:,}" for n, t in shapes) + " |"]
+        lines.append("| --- |" + " ---: |" * len(shapes))
+        labels = [(fn, 4, PAGE_LABELS[fn]) for fn in FUNCTIONS]
+        if kind == "kernel" and shapes[0] in LARGE:
+            at = FUNCTIONS.index("compute_retrace") + 1
+            labels.insert(at, ("compute_retrace", 18, "`compute_retrace` (18 actions)"))
+        if kind == "full call":
+            labels = [(fn, a, f"`{fn}`") for fn, a, _label in labels]
+        for fn, a, label in labels:
+            cells = [by_key.get((fn, n, t, dtype, a)) for n, t in shapes]
+            lines.append(f"| {label} | " + " | ".join(_cell(r, kind) if r else "" for r in cells) + " |")
+        tables.append("\n".join(lines))
+    return tables
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="one shape per family")
     ap.add_argument("--out", default=None)
     ap.add_argument("--markdown", default=None)
+    ap.add_argument("--page", default=None, help="also write the tables of docs/performance.md to this file")
     args = ap.parse_args()
     t0 = time.time()
     rows = []
@@ -153,6 +199,9 @@ def main() -> None:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(rows))
+    if args.page:
+        with open(args.page, "w") as f:
+            f.write("\n\n".join(page_tables(rows)) + "\n")
 
 
 if __name__ == "__main__":

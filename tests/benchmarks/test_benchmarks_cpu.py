@@ -271,3 +271,17 @@ def test_promote_entry_point(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert out.exists()
+
+
+def test_performance_page_tables_are_the_committed_h200_run():
+    """docs/performance.md's kernel-time and full-call tables are what ``benchmarks.targets --page`` renders from
+    benchmarks/results/targets_h200.json, and the page names the commit that run measured: a new run goes into
+    the JSON and the page together."""
+    from benchmarks import targets
+
+    data = json.loads((REPO / "benchmarks" / "results" / "targets_h200.json").read_text())
+    page = (REPO / "docs" / "performance.md").read_text()
+    for table in targets.page_tables(data["rows"]):
+        assert table in page, f"docs/performance.md lacks this table of targets_h200.json:\n{table}"
+    header = page.split("\n\n")[1]
+    assert data["meta"]["commit"][:7] in header, "the page's header names another commit than targets_h200.json"
