@@ -16,8 +16,10 @@ without the repository's history: ``git archive BASE rl_triton | tar -x -C DIR``
 
 ``--touched`` first compiles every configuration's launches in both trees for sm_90, as ``benchmarks.tune
 --offline`` does (no GPU needed), and times only the configurations whose code differs (the grid, warps or SASS of
-a launch); the others are listed as the same code, whose times cannot differ. With ``--device cpu`` it stops
-there: a CPU machine lists which configurations a change touches before any GPU time is spent.
+a launch); the others are listed as the same code, whose times cannot differ. Each configuration that differs is
+listed with what moved in each launch (registers, SASS instructions, barriers, load trips: ``benchmarks.tune``).
+With ``--device cpu`` it stops there: a CPU machine lists which configurations a change touches before any GPU
+time is spent.
 
 Compiling takes about a second a configuration and tree, a large part of a gate's time, so it runs in ``--jobs``
 processes at once (default: one per CPU core, at most 16), the configurations split between them: the offline
@@ -171,9 +173,16 @@ def code_worker(tree: Path, rows: list[dict]) -> dict:
             x = specs.Inputs(row.num_envs, row.seq_len, getattr(torch, row.dtype), torch.device("cpu"), row.time_major)
             launches = tune.compiled_launches(row.function, x)
             h = hashlib.sha1()
-            for _kernel, grid, _options, warps, _ck, sass, _usage in launches:
+            stats = []
+            for _kernel, grid, _options, warps, _ck, sass, usage in launches:
                 h.update(f"{list(grid)} {warps}\n{sass}".encode())
-            out[row.key] = {"code": h.hexdigest()[:12], "launches": len(launches)}
+                own, _apart = tune.split_functions(sass)
+                trips = " | ".join("+".join(map(str, loop)) for loop in tune.load_trips(own))
+                stats.append({
+                    "registers": usage.get("REG"), "SASS": sum(tune.opcode_counts(sass).values()),
+                    "barriers": tune.opcode_counts(own)["BAR"], "load trips": trips,
+                })  # fmt: skip
+            out[row.key] = {"code": h.hexdigest()[:12], "launches": len(launches), "stats": stats}
             x.release()
         except Exception as exc:  # noqa: BLE001 - a row that does not compile here is timed, not skipped
             out[row.key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -192,13 +201,30 @@ def touched(codes: dict, rows: list[Row]) -> tuple[list[Row], list[Row]]:
     return [r for r in rows if r not in same], same
 
 
+def _changes(base: list[dict], head: list[dict]) -> str:
+    """What differs between two trees' launches of a configuration, per launch (``base → head``): registers, SASS
+    instructions, and the barriers and load trips of the kernel's own code."""
+    if len(base) != len(head):
+        return f"{len(base)} → {len(head)} launches"
+    parts = []
+    for b, h in zip(base, head, strict=True):
+        moved = [
+            f"{key} {b[key]} → {h[key]}" for key in ("registers", "SASS", "barriers", "load trips") if b[key] != h[key]
+        ]
+        parts.append(", ".join(moved) or "same counts")
+    return "; ".join(parts)
+
+
 def _listing(codes: dict, differ: list[Row], same: list[Row]) -> str:
     lines = [f"{len(differ)} of {len(differ) + len(same)} configurations compile differently (--touched)"]
     lines += [f"  same code: {r.key}" for r in same]
     for r in differ:
         got = {side: codes[side].get(r.key, {"error": "no result"}) for side in ("base", "head")}
         errors = [f"{side}: {res['error']}" for side, res in got.items() if "error" in res]
-        lines.append(f"  differs:   {r.key}" + (f" (not compiled: {'; '.join(errors)})" if errors else ""))
+        if errors:
+            lines.append(f"  differs:   {r.key} (not compiled: {'; '.join(errors)})")
+        else:
+            lines.append(f"  differs:   {r.key} ({_changes(got['base']['stats'], got['head']['stats'])})")
     return "\n".join(lines) + "\n"
 
 

@@ -142,7 +142,7 @@ def test_touched_lists_the_configurations_whose_code_differs(tmp_path, capsys):
         pytest.skip(f"no working ptxas: {out[-300:]}")
     assert rc == 0
     assert "1 of 2 configurations compile differently" in out, out
-    assert "differs:   compute_gae 4x16 float32\n" in out, out
+    assert "differs:   compute_gae 4x16 float32 (" in out, out  # with what moved: SASS at least, or "same counts"
     assert "same code: compute_eligibility_traces 4x16 float32\n" in out, out
     assert "| configuration |" not in out  # --device cpu: listed, not timed
 
@@ -224,6 +224,17 @@ def test_grid_lays_the_table_out_as_the_performance_page_does(tmp_path):
     saved.write_text(json.dumps({"table": table}))
     assert compare.main(["--from-json", str(saved), "--grid", str(tmp_path / "g.md")]) == 0
     assert (tmp_path / "g.md").read_text() == text
+
+
+def test_touched_lists_what_moved_per_launch():
+    """A differing configuration is listed with the counts that moved in each launch, base → head."""
+    one = {"registers": 80, "SASS": 568, "barriers": 1, "load trips": "14"}
+    assert compare._changes([one], [one]) == "same counts"
+    late = dict(one, registers=78, SASS=784, barriers=6)
+    assert compare._changes([one], [late]) == "registers 80 → 78, SASS 568 → 784, barriers 1 → 6"
+    split = dict(one, **{"load trips": "8+2 | 4"})
+    assert compare._changes([one, one], [one, split]) == "same counts; load trips 14 → 8+2 | 4"
+    assert compare._changes([one], [one, one]) == "1 → 2 launches"
 
 
 def test_touched_times_what_could_not_be_compared():
