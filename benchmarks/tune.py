@@ -255,8 +255,12 @@ def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> li
             "instructions_per_element": round(instructions * 32 * warps / elements, 1),
             "load_trips": load_trips(own),
             "barriers": opcode_counts(own)["BAR"],  # in the listing: both sides of a branch count
-            # the functions it calls (not inlined): their loads and barriers, each function's innermost loops
-            "apart": [{"load_trips": load_trips(f), "barriers": opcode_counts(f)["BAR"]} for f in apart],
+            # the functions it calls (not inlined): their instructions, loads and barriers (innermost loops)
+            "apart": [
+                {"sass_instructions": sum(opcode_counts(f).values()), "load_trips": load_trips(f),
+                 "barriers": opcode_counts(f)["BAR"]}
+                for f in apart
+            ],
             "top_opcodes": dict(ops.most_common(12)),
         })  # fmt: skip
         if dump:
@@ -361,7 +365,8 @@ def _summary(row: dict) -> str:
             + "; ".join("+".join(map(str, t)) or "-" for t in r["load_trips"])
             + f", {r['barriers']} barriers"
             + "".join(
-                "; apart: load trips " + "; ".join("+".join(map(str, t)) or "-" for t in f["load_trips"])
+                f"; apart: {f['sass_instructions']} SASS, load trips "
+                + "; ".join("+".join(map(str, t)) or "-" for t in f["load_trips"])
                 + f", {f['barriers']} barriers"
                 for f in r.get("apart", ())
             )
