@@ -176,11 +176,11 @@ def code_worker(tree: Path, rows: list[dict]) -> dict:
             stats = []
             for _kernel, grid, _options, warps, _ck, sass, usage in launches:
                 h.update(f"{list(grid)} {warps}\n{sass}".encode())
-                own, _apart = tune.split_functions(sass)
-                trips = " | ".join("+".join(map(str, loop)) for loop in tune.load_trips(own))
+                own = tune.listing_counts(tune.split_functions(sass)[0])
+                trips = " | ".join("+".join(map(str, loop)) for loop in own["load_trips"])
                 stats.append({
-                    "registers": usage.get("REG"), "SASS": sum(tune.opcode_counts(own).values()),
-                    "barriers": tune.opcode_counts(own)["BAR"], "load trips": trips,
+                    "registers": usage.get("REG"), "SASS": own["sass_instructions"], "barriers": own["barriers"],
+                    "load trips": trips,
                 })  # fmt: skip
             out[row.key] = {"code": h.hexdigest()[:12], "launches": len(launches), "stats": stats}
             x.release()
@@ -392,7 +392,7 @@ def _run_worker(tree: Path, rows: list[Row], device: str, rep_ms: float, code: b
 
 def in_parallel(trees: dict[str, Path], rows: list[Row], jobs: int, **worker) -> dict:
     """Per tree, :func:`_run_worker`'s results for ``rows`` (``worker``: its other arguments), the rows of each
-    tree split over ``jobs // 2`` processes and ``jobs`` processes running at once."""
+    tree split over ``jobs // len(trees)`` processes and ``jobs`` processes running at once."""
     shares = max(1, jobs // len(trees))
     parts = [part for part in (rows[i::shares] for i in range(shares)) if part]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

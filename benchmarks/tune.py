@@ -222,6 +222,12 @@ def programs_per_sm(registers: int, warps: int, shared: int) -> int:
     return min(by_regs, SM_THREADS // threads, SM_PROGRAMS, by_shared)
 
 
+def listing_counts(listing: str) -> dict:
+    """SASS instructions, load trips and barriers of one listing (a kernel's own code, or a function it calls)."""
+    ops = opcode_counts(listing)
+    return {"sass_instructions": sum(ops.values()), "load_trips": load_trips(listing), "barriers": ops["BAR"]}
+
+
 _SHOWN = ("BN", "BT", "FORM", "PHASE", "ONE", "NKP", "EXACT_T", "TDIV", "TM", "WHOLE", "maxnreg")
 
 
@@ -245,6 +251,7 @@ def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> li
         ops = opcode_counts(sass)
         instructions = sum(ops.values())
         own, apart = split_functions(sass)
+        counts = listing_counts(own)
         elements = options.get("BN", 1) * options.get("BT", 1)
         shown = {k: v if isinstance(v, (int, bool, type(None))) else str(v) for k, v in options.items() if k in _SHOWN}
         rows.append({
@@ -253,14 +260,10 @@ def offline(fn: str, x: specs.Inputs, plan: Plan, dump: str | None = None) -> li
             "programs_per_sm": programs_per_sm(usage.get("REG", 0), warps, usage.get("SHARED", 0)),
             "sass_instructions": instructions,
             "instructions_per_element": round(instructions * 32 * warps / elements, 1),
-            "load_trips": load_trips(own),
-            "barriers": opcode_counts(own)["BAR"],  # in the listing: both sides of a branch count
+            "load_trips": counts["load_trips"],
+            "barriers": counts["barriers"],  # in the listing: both sides of a branch count
             # the functions it calls (not inlined): their instructions, loads and barriers (innermost loops)
-            "apart": [
-                {"sass_instructions": sum(opcode_counts(f).values()), "load_trips": load_trips(f),
-                 "barriers": opcode_counts(f)["BAR"]}
-                for f in apart
-            ],
+            "apart": [listing_counts(f) for f in apart],
             "top_opcodes": dict(ops.most_common(12)),
         })  # fmt: skip
         if dump:
