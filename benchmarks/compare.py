@@ -177,10 +177,9 @@ def code_worker(tree: Path, rows: list[dict]) -> dict:
             for _kernel, grid, _options, warps, _ck, sass, usage in launches:
                 h.update(f"{list(grid)} {warps}\n{sass}".encode())
                 own = tune.listing_counts(tune.split_functions(sass)[0])
-                trips = " | ".join("+".join(map(str, loop)) for loop in own["load_trips"])
                 stats.append({
                     "registers": usage.get("REG"), "SASS": own["sass_instructions"], "barriers": own["barriers"],
-                    "load trips": trips,
+                    "load trips": _trips(own["load_trips"]),
                 })  # fmt: skip
             out[row.key] = {"code": h.hexdigest()[:12], "launches": len(launches), "stats": stats}
             x.release()
@@ -189,6 +188,12 @@ def code_worker(tree: Path, rows: list[dict]) -> dict:
         finally:
             specs.NUM_ACTIONS = saved
     return out
+
+
+def _trips(loops: list[list[int]]) -> str:
+    """``benchmarks.tune.load_trips`` as text: the loops that load, " | " between loops (a kernel of short rows
+    has dozens of unrolled loops without a load, which would bury the one that matters)."""
+    return " | ".join("+".join(map(str, trips)) for trips in loops if trips) or "-"
 
 
 def touched(codes: dict, rows: list[Row]) -> tuple[list[Row], list[Row]]:

@@ -235,6 +235,8 @@ def test_touched_lists_what_moved_per_launch():
     split = dict(one, **{"load trips": "8+2 | 4"})
     assert compare._changes([one, one], [one, split]) == "same counts; load trips 14 → 8+2 | 4"
     assert compare._changes([one], [one, one]) == "1 → 2 launches"
+    assert compare._trips([[], [8, 2], [], [4]]) == "8+2 | 4"
+    assert compare._trips([[]]) == "-"
 
 
 def test_touched_times_what_could_not_be_compared():
